@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# setup-deps.sh - install what building and testing scx_zernel needs on Debian 12.
+#
+#   sudo scripts/setup-deps.sh
+#
+# Idempotent: only what is missing is installed, so a second run changes nothing
+# and needs no root. Installs
+#   - the BPF build: clang-19 (clang >= 18 is needed), libelf-dev, zlib1g-dev,
+#     pkg-config, make, gcc (libbpf is built from source by libbpf-sys);
+#   - the VM tests: busybox-static (the guest's userland), stress-ng and
+#     rt-tests (cyclictest) as workloads, and qemu-system-x86 >= 10 from
+#     bookworm-backports: bookworm's qemu 7.2 crashes guests under multi-threaded
+#     TCG when sched_ext patches static keys;
+#   - the guest kernel: Debian's sched_ext-enabled kernel, downloaded into the
+#     harness cache by tests/vm/vmrun.sh --fetch-only.
+# The Rust toolchain (cargo via rustup) is expected to be installed already.
+# /etc/apt is never modified: backports are used through a private sources list.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+VMRUN=$ROOT/tests/vm/vmrun.sh
+PKGS=(clang-19 libelf-dev zlib1g-dev pkg-config make gcc busybox-static stress-ng rt-tests)
+QEMU_MIN=10
+
+log() { echo "setup-deps: $*" >&2; }
+die() { log "$*"; exit 1; }
+export DEBIAN_FRONTEND=noninteractive
+
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+qemu_major() {
+  qemu-system-x86_64 --version 2>/dev/null | sed -n 's/.*version \([0-9]*\).*/\1/p' | head -n1
+}
+need_root() { [ "$(id -u)" = 0 ] || die "$1 is missing; run this script as root (sudo $0)"; }
+
+# ---- packages from the machine's own apt sources ---------------------------------------
+missing=()
+for p in "${PKGS[@]}"; do installed "$p" || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  need_root "${missing[*]}"
+  log "installing ${missing[*]}"
+  apt-get -q update
+  apt-get -q install -y "${missing[@]}"
+else
+  log "build and test packages already installed"
+fi
+
+# ---- qemu >= 10 from bookworm-backports, through a private sources list ---------------------
+# `apt-get install qemu-system-x86/bookworm-backports` alone fails: its
+# dependencies (qemu-system-common, qemu-system-data, seabios) must come from
+# backports too, which `-t bookworm-backports` allows.
+qv=$(qemu_major)
+if [ "${qv:-0}" -ge "$QEMU_MIN" ]; then
+  log "qemu $qv already installed"
+else
+  need_root "qemu-system-x86 >= $QEMU_MIN (found: ${qv:-none})"
+  mirror=$("$VMRUN" --print-mirror)
+  L=${TMPDIR:-/tmp}/scx-zernel-apt
+  mkdir -p "$L/lists/partial"
+  printf 'deb %s %s main\n' "$mirror" bookworm "$mirror" bookworm-updates \
+    "$mirror" bookworm-backports >"$L/sources.list"
+  o=(-o "Dir::Etc::sourcelist=$L/sources.list" -o Dir::Etc::sourceparts=- -o "Dir::State::Lists=$L/lists")
+  log "installing qemu-system-x86 from bookworm-backports ($mirror)"
+  apt-get -q "${o[@]}" update
+  apt-get -q "${o[@]}" install -y --no-install-recommends -t bookworm-backports qemu-system-x86
+  qv=$(qemu_major)
+  [ "${qv:-0}" -ge "$QEMU_MIN" ] || die "qemu ${qv:-none} installed, but >= $QEMU_MIN is needed"
+fi
+
+# ---- the Rust toolchain --------------------------------------------------------------------
+if ! command -v cargo >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
+  die "cargo not found: install Rust >= 1.91 with rustup (https://rustup.rs) and run this again"
+fi
+
+# ---- the guest kernel --------------------------------------------------------------------------
+"$VMRUN" --fetch-only >/dev/null
+log "done"

@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * The one definition of everything shared between the BPF scheduler
+ * (main.bpf.c) and the daemon (reaches Rust through bindgen as bpf_intf).
+ */
+#ifndef __ZERNEL_INTF_H
+#define __ZERNEL_INTF_H
+
+#ifndef __VMLINUX_H__
+typedef unsigned char u8;
+typedef unsigned int u32;
+typedef int s32;
+typedef unsigned long long u64;
+typedef long long s64;
+#endif
+
+enum zernel_consts {
+	ZERNEL_MAX_CPUS		= 1024,
+	ZERNEL_MAX_NODES	= 16,
+	/* Default capacity of the task_class map (daemon may resize). */
+	ZERNEL_TASK_MAP_DEFAULT	= 65536,
+	/* USER_HZ: /proc/<pid>/stat start times are in these ticks. */
+	ZERNEL_USER_HZ		= 100,
+};
+
+/*
+ * Scheduling classes, highest priority first. Each class has one dispatch
+ * queue per NUMA node: dsq id = node * ZCLASS_NR + class.
+ */
+enum zernel_class {
+	ZCLASS_LATENCY	= 0,	/* latency-critical: kernel launchers, NCCL */
+	ZCLASS_ML	= 1,	/* ML compute: data loaders, optimizer step */
+	ZCLASS_NORMAL	= 2,	/* everything else (the default) */
+	ZCLASS_BATCH	= 3,	/* background hogs */
+	ZCLASS_NR	= 4,
+};
+
+/* task_class.flags */
+enum zernel_task_flags {
+	ZFLAG_PREEMPT	= 1 << 0,	/* a wakeup may preempt a lower class */
+};
+
+/*
+ * One decision for one thread, written by the daemon, read by enqueue and
+ * select_cpu. Keyed by TID. start_ticks ties the entry to one task's
+ * lifetime: it must equal the task's start time in USER_HZ ticks (field 22
+ * of /proc/<tid>/stat); an entry whose start time does not match belongs to
+ * a recycled TID and is ignored and deleted.
+ */
+struct task_class {
+	u32	class;		/* enum zernel_class */
+	u32	flags;		/* enum zernel_task_flags */
+	u64	slice_ns;	/* 0 = the class default */
+	s32	cpu;		/* preferred CPU, -1 = none */
+	s32	node;		/* preferred NUMA node, -1 = none */
+	u64	start_ticks;	/* task start time in USER_HZ ticks */
+	u64	applied;	/* written by BPF: times this entry was applied */
+};
+
+/* Per-class counters. */
+enum zernel_class_stat {
+	ZSTAT_ENQUEUED = 0,	/* tasks queued in (or directly dispatched to) the class */
+	ZSTAT_DISPATCHED,	/* tasks moved from the class queue to a CPU */
+	ZSTAT_DIRECT,		/* tasks sent straight to an idle CPU */
+	ZSTAT_PREEMPTED,	/* wakeups that preempted a lower class */
+	ZSTAT_STARVED,		/* dispatches forced by the starvation bound */
+	ZSTAT_CLASS_NR,
+};
+
+/* Global counters. */
+enum zernel_global_stat {
+	ZGSTAT_MAP_HIT = 0,	/* enqueues that found a task_class entry */
+	ZGSTAT_MAP_MISS,	/* enqueues with no entry (default class) */
+	ZGSTAT_MAP_STALE,	/* entries dropped: TID recycled */
+	ZGSTAT_PREF_CPU,	/* select_cpu used the preferred CPU */
+	ZGSTAT_PREF_NODE,	/* select_cpu found an idle CPU on the preferred node */
+	ZGSTAT_PREF_LLC,	/* ... in the same LLC */
+	ZGSTAT_IDLE_ANY,	/* ... anywhere */
+	ZGSTAT_STEAL,		/* dispatches from another node's queue */
+	ZGSTAT_KICK,		/* idle CPUs kicked on enqueue */
+	ZGSTAT_EXIT_DEL,	/* entries deleted by exit_task */
+	ZGSTAT_NR,
+};
+
+/* Value of the per-CPU `stats` array map (one element). */
+struct zernel_stats {
+	u64	cls[ZCLASS_NR][ZSTAT_CLASS_NR];
+	u64	glob[ZGSTAT_NR];
+};
+
+#endif /* __ZERNEL_INTF_H */

@@ -1,0 +1,402 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * scx_zernel: the kernel half of an ML-aware scheduler.
+ *
+ * The daemon decides, per thread, a class, a slice, a preferred CPU/node and
+ * whether a wakeup may preempt; it writes that decision into the task_class
+ * map. This file applies it:
+ *
+ *   wakeup ──> zernel_select_cpu: preferred CPU if idle ─> idle CPU on the
+ *              preferred node ─> idle CPU near prev (LLC, node, any)
+ *              └─ idle CPU found: straight to its local queue
+ *   enqueue ─> zernel_enqueue: preempt flag and a CPU running a lower class?
+ *              └─ yes: head of that CPU's local queue, current task preempted
+ *              └─ no:  dsq[node][class], FIFO (vtime = enqueue time);
+ *                      kick an idle CPU, its node first
+ *   CPU free ─> zernel_dispatch:
+ *              1. any queue whose head waited > starve_ns (oldest first)
+ *              2. own node's queues, latency > ml > normal > batch
+ *              3. other nodes' queues, same order (steal: work-conserving)
+ *
+ * A decision is tied to one task's lifetime by its start time: an entry
+ * whose start time differs from the task's belongs to a recycled TID and is
+ * dropped. zernel_exit_task deletes the entry of every exiting task, so the
+ * map holds at most one entry per live thread the daemon classified.
+ */
+#include <scx/common.bpf.h>
+#include "intf.h"
+
+char _license[] SEC("license") = "GPL";
+
+UEI_DEFINE(uei);
+
+/* Tunables, set by the daemon before load. */
+const volatile u64 class_slice_ns[ZCLASS_NR] = {
+	2000000, 4000000, 3000000, 8000000,
+};
+const volatile u64 starve_ns = 50000000;
+const volatile u32 default_class = ZCLASS_NORMAL;
+const volatile u32 nr_cpus = 1;
+const volatile u32 nr_nodes = 1;
+const volatile bool numa_enabled;
+const volatile s32 cpu_node[ZERNEL_MAX_CPUS];
+
+#define NSEC_PER_TICK	(1000000000ULL / ZERNEL_USER_HZ)
+
+/* Decisions from user space, keyed by TID. Resized by the daemon. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, ZERNEL_TASK_MAP_DEFAULT);
+	__type(key, u32);
+	__type(value, struct task_class);
+} task_class SEC(".maps");
+
+/* Counters, summed over CPUs by the daemon. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct zernel_stats);
+} stats SEC(".maps");
+
+/* The class each task was last queued with (read when it starts running). */
+struct task_ctx {
+	u32	class;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct task_ctx);
+} task_ctxs SEC(".maps");
+
+/* The class running on each CPU: preemption picks a CPU running a lower one. */
+struct cpu_ctx {
+	u32	class;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct cpu_ctx);
+} cpu_ctxs SEC(".maps");
+
+static __always_inline struct zernel_stats *stats_get(void)
+{
+	u32 zero = 0;
+
+	return bpf_map_lookup_elem(&stats, &zero);
+}
+
+static __always_inline void stat_cls(u32 class, u32 idx)
+{
+	struct zernel_stats *s = stats_get();
+
+	if (s && class < ZCLASS_NR && idx < ZSTAT_CLASS_NR)
+		s->cls[class][idx]++;
+}
+
+static __always_inline void stat_glob(u32 idx)
+{
+	struct zernel_stats *s = stats_get();
+
+	if (s && idx < ZGSTAT_NR)
+		s->glob[idx]++;
+}
+
+static __always_inline u64 dsq_id(u32 node, u32 class)
+{
+	return (u64)node * ZCLASS_NR + class;
+}
+
+static __always_inline s32 node_of(s32 cpu)
+{
+	u32 idx = (u32)cpu;
+
+	/* Unsigned and masked: the verifier needs a bounded index. */
+	if (idx >= ZERNEL_MAX_CPUS)
+		return 0;
+	return cpu_node[idx & (ZERNEL_MAX_CPUS - 1)];
+}
+
+/*
+ * The decision for @p, or NULL when there is none (or it belongs to an
+ * earlier task with the same TID, in which case it is deleted).
+ */
+static struct task_class *lookup_decision(struct task_struct *p)
+{
+	struct task_class *tc;
+	u32 tid = p->pid;
+
+	tc = bpf_map_lookup_elem(&task_class, &tid);
+	if (!tc) {
+		stat_glob(ZGSTAT_MAP_MISS);
+		return NULL;
+	}
+	if (tc->start_ticks != p->start_boottime / NSEC_PER_TICK) {
+		bpf_map_delete_elem(&task_class, &tid);
+		stat_glob(ZGSTAT_MAP_STALE);
+		return NULL;
+	}
+	__sync_fetch_and_add(&tc->applied, 1);
+	stat_glob(ZGSTAT_MAP_HIT);
+	return tc;
+}
+
+static __always_inline u32 class_of(const struct task_class *tc)
+{
+	if (tc && tc->class < ZCLASS_NR)
+		return tc->class;
+	return default_class < ZCLASS_NR ? default_class : ZCLASS_NORMAL;
+}
+
+static __always_inline u64 slice_of(const struct task_class *tc, u32 class)
+{
+	if (tc && tc->slice_ns)
+		return tc->slice_ns;
+	if (class < ZCLASS_NR)
+		return class_slice_ns[class];
+	return SCX_SLICE_DFL;
+}
+
+static __always_inline void remember_class(struct task_struct *p, u32 class)
+{
+	struct task_ctx *tctx;
+
+	tctx = bpf_task_storage_get(&task_ctxs, p, 0, 0);
+	if (tctx)
+		tctx->class = class;
+}
+
+/* An idle CPU @p may use, on @node first (any node when @node < 0). */
+static s32 pick_idle(struct task_struct *p, s32 node, bool node_only)
+{
+	if (numa_enabled)
+		return __COMPAT_scx_bpf_pick_idle_cpu_node(p->cpus_ptr,
+				node < 0 ? NUMA_NO_NODE : node,
+				node_only ? SCX_PICK_IDLE_IN_NODE : 0);
+	return scx_bpf_pick_idle_cpu(p->cpus_ptr, 0);
+}
+
+s32 BPF_STRUCT_OPS(zernel_select_cpu, struct task_struct *p, s32 prev_cpu,
+		   u64 wake_flags)
+{
+	struct task_class *tc = lookup_decision(p);
+	u32 class = class_of(tc);
+	bool is_idle = false;
+	s32 cpu = -1;
+
+	/* 1. The preferred CPU, when allowed and idle. */
+	if (tc && tc->cpu >= 0 && tc->cpu < nr_cpus &&
+	    bpf_cpumask_test_cpu(tc->cpu, p->cpus_ptr) &&
+	    scx_bpf_test_and_clear_cpu_idle(tc->cpu)) {
+		cpu = tc->cpu;
+		stat_glob(ZGSTAT_PREF_CPU);
+		goto direct;
+	}
+
+	/* 2. An idle CPU on the preferred node. */
+	if (tc && tc->node >= 0 && numa_enabled) {
+		cpu = pick_idle(p, tc->node, true);
+		if (cpu >= 0) {
+			stat_glob(ZGSTAT_PREF_NODE);
+			goto direct;
+		}
+	}
+
+	/* 3. The kernel's choice near prev_cpu: prev, its LLC, node, any. */
+	cpu = scx_bpf_select_cpu_dfl(p, prev_cpu, wake_flags, &is_idle);
+	if (!is_idle)
+		return cpu;
+	stat_glob(node_of(cpu) == node_of(prev_cpu) ? ZGSTAT_PREF_LLC :
+						      ZGSTAT_IDLE_ANY);
+direct:
+	scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL, slice_of(tc, class), 0);
+	stat_cls(class, ZSTAT_ENQUEUED);
+	stat_cls(class, ZSTAT_DIRECT);
+	remember_class(p, class);
+	return cpu;
+}
+
+/*
+ * A CPU @p may run on whose current task is of a lower class than @class,
+ * trying @p's own CPU first; -1 if none.
+ */
+static s32 find_victim(struct task_struct *p, u32 class)
+{
+	s32 start = scx_bpf_task_cpu(p);
+	u32 i, zero = 0;
+
+	bpf_for(i, 0, nr_cpus) {
+		s32 cpu = (start + i) % nr_cpus;
+		struct cpu_ctx *cctx;
+
+		if (!bpf_cpumask_test_cpu(cpu, p->cpus_ptr))
+			continue;
+		cctx = bpf_map_lookup_percpu_elem(&cpu_ctxs, &zero, cpu);
+		if (cctx && cctx->class > class)
+			return cpu;
+	}
+	return -1;
+}
+
+void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
+{
+	struct task_class *tc = lookup_decision(p);
+	u32 class = class_of(tc);
+	u64 slice = slice_of(tc, class);
+	s32 node, cpu;
+
+	remember_class(p, class);
+	stat_cls(class, ZSTAT_ENQUEUED);
+
+	/* Preempt a CPU that runs a lower class: no waiting a whole slice. */
+	if (tc && (tc->flags & ZFLAG_PREEMPT) && !(enq_flags & SCX_ENQ_REENQ)) {
+		cpu = find_victim(p, class);
+		if (cpu >= 0) {
+			scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL_ON | cpu, slice,
+					   enq_flags | SCX_ENQ_PREEMPT);
+			stat_cls(class, ZSTAT_PREEMPTED);
+			return;
+		}
+	}
+
+	node = tc && tc->node >= 0 && tc->node < nr_nodes ?
+		tc->node : node_of(scx_bpf_task_cpu(p));
+	scx_bpf_dsq_insert_vtime(p, dsq_id(node, class), slice,
+				 bpf_ktime_get_ns(), enq_flags);
+
+	/* Work conservation: wake an idle CPU, the task's node first. */
+	cpu = pick_idle(p, node, false);
+	if (cpu >= 0) {
+		scx_bpf_kick_cpu(cpu, SCX_KICK_IDLE);
+		stat_glob(ZGSTAT_KICK);
+	}
+}
+
+/* Moves the head of @dsq to this CPU; counts it for @class. */
+static __always_inline bool take(u64 dsq, u32 class, u32 stat)
+{
+	if (!scx_bpf_dsq_move_to_local(dsq, 0))
+		return false;
+	stat_cls(class, ZSTAT_DISPATCHED);
+	if (stat < ZSTAT_CLASS_NR)
+		stat_cls(class, stat);
+	return true;
+}
+
+void BPF_STRUCT_OPS(zernel_dispatch, s32 cpu, struct task_struct *prev)
+{
+	u64 now = bpf_ktime_get_ns(), oldest = 0, starved = 0;
+	u32 mynode = node_of(cpu), n, c, starved_class = 0;
+	bool found = false;
+
+	/* 1. The starvation bound: serve the queue whose head waited longest. */
+	bpf_for(n, 0, nr_nodes) {
+		bpf_for(c, 0, ZCLASS_NR) {
+			struct task_struct *head;
+			u64 waited;
+
+			head = __COMPAT_scx_bpf_dsq_peek(dsq_id(n, c));
+			if (!head)
+				continue;
+			waited = now - head->scx.dsq_vtime;
+			if ((s64)waited > (s64)starve_ns && waited > oldest) {
+				oldest = waited;
+				starved = dsq_id(n, c);
+				starved_class = c;
+				found = true;
+			}
+		}
+	}
+	if (found && take(starved, starved_class, ZSTAT_STARVED))
+		return;
+
+	/* 2. This node's queues by class priority. */
+	bpf_for(c, 0, ZCLASS_NR) {
+		if (take(dsq_id(mynode, c), c, ZSTAT_CLASS_NR))
+			return;
+	}
+
+	/* 3. Steal from other nodes rather than idle. */
+	bpf_for(n, 0, nr_nodes) {
+		if (n == mynode)
+			continue;
+		bpf_for(c, 0, ZCLASS_NR) {
+			if (take(dsq_id(n, c), c, ZSTAT_CLASS_NR)) {
+				stat_glob(ZGSTAT_STEAL);
+				return;
+			}
+		}
+	}
+}
+
+void BPF_STRUCT_OPS(zernel_running, struct task_struct *p)
+{
+	struct task_ctx *tctx = bpf_task_storage_get(&task_ctxs, p, 0, 0);
+	struct cpu_ctx *cctx;
+	u32 zero = 0;
+
+	cctx = bpf_map_lookup_elem(&cpu_ctxs, &zero);
+	if (cctx)
+		cctx->class = tctx ? tctx->class : default_class;
+}
+
+s32 BPF_STRUCT_OPS(zernel_init_task, struct task_struct *p,
+		   struct scx_init_task_args *args)
+{
+	struct task_ctx *tctx;
+
+	tctx = bpf_task_storage_get(&task_ctxs, p, 0,
+				    BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!tctx)
+		return -ENOMEM;
+	tctx->class = default_class;
+	return 0;
+}
+
+void BPF_STRUCT_OPS(zernel_exit_task, struct task_struct *p,
+		    struct scx_exit_task_args *args)
+{
+	u32 tid = p->pid;
+
+	if (!bpf_map_delete_elem(&task_class, &tid))
+		stat_glob(ZGSTAT_EXIT_DEL);
+}
+
+s32 BPF_STRUCT_OPS_SLEEPABLE(zernel_init)
+{
+	u32 n, c;
+	s32 ret;
+
+	bpf_for(n, 0, nr_nodes) {
+		bpf_for(c, 0, ZCLASS_NR) {
+			ret = scx_bpf_create_dsq(dsq_id(n, c),
+						 numa_enabled ? n : -1);
+			if (ret) {
+				scx_bpf_error("failed to create dsq %u/%u: %d",
+					      n, c, ret);
+				return ret;
+			}
+		}
+	}
+	return 0;
+}
+
+void BPF_STRUCT_OPS(zernel_exit, struct scx_exit_info *ei)
+{
+	UEI_RECORD(uei, ei);
+}
+
+SCX_OPS_DEFINE(zernel_ops,
+	       .select_cpu	= (void *)zernel_select_cpu,
+	       .enqueue		= (void *)zernel_enqueue,
+	       .dispatch	= (void *)zernel_dispatch,
+	       .running		= (void *)zernel_running,
+	       .init_task	= (void *)zernel_init_task,
+	       .exit_task	= (void *)zernel_exit_task,
+	       .init		= (void *)zernel_init,
+	       .exit		= (void *)zernel_exit,
+	       .name		= "zernel");

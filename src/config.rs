@@ -1,0 +1,318 @@
+//! The configuration file (`zernel.toml`): schema, defaults and validation.
+//!
+//! ```text
+//!   zernel.toml ──read──> toml::from_str ──> Config ──validate()──> in force
+//!        │                    │                           │
+//!        └ missing/unreadable └ syntax, unknown key,      └ absurd value
+//!          "PATH: cannot read"  bad type: "PATH:L:C: msg"   "PATH: key: msg"
+//! ```
+//!
+//! Every error is one line that names the file and, where the parser knows
+//! it, the line, column and key. Each module owns its section (`[phase]`
+//! belongs to [`crate::phase`], `[observe]` to [`crate::observe`], ...), so a
+//! key lives next to the code that reads it. No key is accepted that nothing
+//! reads: unknown keys are errors.
+//!
+//! A missing `--config` means the built-in defaults, which equal the
+//! commented configs/zernel.toml.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::PolicyConfig;
+use crate::rules::RuleConfig;
+
+/// A scheduling class, highest priority first. Mirrors `enum zernel_class`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Class {
+    /// Latency-critical: GPU kernel launchers, collective progress threads.
+    Latency,
+    /// ML compute: data loaders, optimizer steps.
+    Ml,
+    /// Everything else; the default.
+    Normal,
+    /// Background work that yields to all of the above (within the starvation bound).
+    Batch,
+}
+
+impl Class {
+    pub const ALL: [Class; 4] = [Class::Latency, Class::Ml, Class::Normal, Class::Batch];
+
+    /// The index used by the BPF side (`enum zernel_class`).
+    pub fn index(self) -> u32 {
+        self as u32
+    }
+
+    pub fn from_index(i: u32) -> Option<Class> {
+        Class::ALL.get(i as usize).copied()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Latency => "latency",
+            Class::Ml => "ml",
+            Class::Normal => "normal",
+            Class::Batch => "batch",
+        }
+    }
+}
+
+impl fmt::Display for Class {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Default time slice of each class, in microseconds (used when a decision
+/// carries no slice of its own).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SliceConfig {
+    pub latency: u64,
+    pub ml: u64,
+    pub normal: u64,
+    pub batch: u64,
+}
+
+impl Default for SliceConfig {
+    fn default() -> Self {
+        Self { latency: 2000, ml: 4000, normal: 3000, batch: 8000 }
+    }
+}
+
+impl SliceConfig {
+    pub fn get(&self, class: Class) -> u64 {
+        match class {
+            Class::Latency => self.latency,
+            Class::Ml => self.ml,
+            Class::Normal => self.normal,
+            Class::Batch => self.batch,
+        }
+    }
+}
+
+/// `[scheduler]`: what the BPF scheduler is loaded with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// Class of a thread with no decision (not ML, no rule).
+    pub default_class: Class,
+    /// A queue whose oldest task has waited this long is served before any
+    /// higher class: the bound on how long a lower class can be starved.
+    pub starvation_bound_ms: u64,
+    /// Capacity of the per-thread decision map. When it is full, further
+    /// threads keep the default class and `map_full` counts them.
+    pub task_map_size: u32,
+    /// Per-class default slices, in microseconds.
+    pub slice_us: SliceConfig,
+    /// bpffs directory where the maps are pinned for `scx_zernel inspect`
+    /// ("" = do not pin).
+    pub pin_dir: String,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            default_class: Class::Normal,
+            starvation_bound_ms: 50,
+            task_map_size: 65536,
+            slice_us: SliceConfig::default(),
+            pin_dir: "/sys/fs/bpf/scx_zernel".into(),
+        }
+    }
+}
+
+/// Valid range of a slice, in microseconds.
+pub const SLICE_US_RANGE: (u64, u64) = (50, 1_000_000);
+
+impl SchedulerConfig {
+    fn validate(&self) -> Result<(), String> {
+        if !(1..=10_000).contains(&self.starvation_bound_ms) {
+            return Err(format!(
+                "scheduler.starvation_bound_ms = {} is out of range 1..=10000 (the kernel watchdog ejects at 30 s)",
+                self.starvation_bound_ms
+            ));
+        }
+        if !(1024..=4_194_304).contains(&self.task_map_size) {
+            return Err(format!(
+                "scheduler.task_map_size = {} is out of range 1024..=4194304",
+                self.task_map_size
+            ));
+        }
+        for class in Class::ALL {
+            let v = self.slice_us.get(class);
+            if !(SLICE_US_RANGE.0..=SLICE_US_RANGE.1).contains(&v) {
+                return Err(format!(
+                    "scheduler.slice_us.{class} = {v} is out of range {}..={}",
+                    SLICE_US_RANGE.0, SLICE_US_RANGE.1
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub scheduler: SchedulerConfig,
+    pub observe: crate::observe::ObserveConfig,
+    pub phase: crate::phase::PhaseConfig,
+    pub gpu: crate::gpu::GpuConfig,
+    pub topology: crate::topology::TopologyConfig,
+    pub policy: PolicyConfig,
+    pub rules: Vec<RuleConfig>,
+}
+
+/// A configuration error: always one line, naming the file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// 1-based line and column of a byte offset.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rfind('\n').map_or(before.len(), |nl| before.len() - nl - 1) + 1;
+    (line, col)
+}
+
+impl Config {
+    /// Parses and validates `text`; `origin` names the file in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| {
+            let msg = e.message().replace('\n', " ");
+            match e.span() {
+                Some(span) => {
+                    let (l, c) = line_col(text, span.start);
+                    ConfigError(format!("{origin}:{l}:{c}: {msg}"))
+                }
+                None => ConfigError(format!("{origin}: {msg}")),
+            }
+        })?;
+        cfg.validate().map_err(|e| ConfigError(format!("{origin}: {e}")))?;
+        Ok(cfg)
+    }
+
+    /// Reads, parses and validates a file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("{origin}: cannot read config: {e}")))?;
+        Config::parse(&text, &origin)
+    }
+
+    /// Checks the values the type system cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        self.scheduler.validate()?;
+        self.observe.validate()?;
+        self.phase.validate()?;
+        self.gpu.validate()?;
+        self.policy.validate()?;
+        for (i, r) in self.rules.iter().enumerate() {
+            r.validate().map_err(|e| format!("rules[{i}]: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// The configuration as TOML (for `--dump-config`).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot serialize: {e}\n"))
+    }
+}
+
+/// Where the configuration came from, for reload.
+#[derive(Debug, Clone)]
+pub struct ConfigSource {
+    pub path: Option<PathBuf>,
+}
+
+impl ConfigSource {
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        match &self.path {
+            Some(p) => Config::load(p),
+            None => Ok(Config::default()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_the_defaults() {
+        assert_eq!(Config::parse("", "z.toml").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn shipped_config_parses_and_equals_defaults() {
+        let text = include_str!("../configs/zernel.toml");
+        let cfg = Config::parse(text, "configs/zernel.toml").unwrap();
+        assert_eq!(cfg.scheduler, SchedulerConfig::default());
+        assert_eq!(cfg.phase, crate::phase::PhaseConfig::default());
+        assert_eq!(cfg.policy, PolicyConfig::default());
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_key() {
+        let e = Config::parse("[scheduler]\nstarvation_bound_ms = 10\nbogus = 1\n", "a.toml")
+            .unwrap_err()
+            .0;
+        assert!(e.starts_with("a.toml:3:1: "), "{e}");
+        assert!(e.contains("bogus"), "{e}");
+        assert!(!e.contains('\n'));
+    }
+
+    #[test]
+    fn malformed_toml_names_line() {
+        let e = Config::parse("[scheduler\n", "b.toml").unwrap_err().0;
+        assert!(e.starts_with("b.toml:1:"), "{e}");
+    }
+
+    #[test]
+    fn bad_class_value_is_rejected() {
+        let e = Config::parse("[scheduler]\ndefault_class = \"nope\"\n", "c.toml").unwrap_err().0;
+        assert!(e.starts_with("c.toml:2:"), "{e}");
+        assert!(e.contains("nope"), "{e}");
+    }
+
+    #[test]
+    fn absurd_values_are_rejected_with_key() {
+        for (text, key) in [
+            ("[scheduler]\nstarvation_bound_ms = 0\n", "scheduler.starvation_bound_ms"),
+            ("[scheduler]\ntask_map_size = 1000000000\n", "scheduler.task_map_size"),
+            ("[scheduler.slice_us]\nbatch = 0\n", "scheduler.slice_us.batch"),
+        ] {
+            let e = Config::parse(text, "d.toml").unwrap_err().0;
+            assert!(e.starts_with("d.toml: ") && e.contains(key), "{e}");
+        }
+        let e = Config::parse("[scheduler]\nstarvation_bound_ms = -5\n", "e.toml").unwrap_err().0;
+        assert!(e.starts_with("e.toml:2:"), "{e}");
+    }
+
+    #[test]
+    fn missing_file_names_path() {
+        let e = Config::load(Path::new("/nonexistent/zernel.toml")).unwrap_err().0;
+        assert!(e.starts_with("/nonexistent/zernel.toml: cannot read config"), "{e}");
+    }
+
+    #[test]
+    fn class_index_roundtrip() {
+        for c in Class::ALL {
+            assert_eq!(Class::from_index(c.index()), Some(c));
+        }
+        assert_eq!(Class::from_index(4), None);
+    }
+}

@@ -1,0 +1,364 @@
+//! The daemon: attach the scheduler, then every interval run the pipeline
+//! and write only the decisions that changed.
+//!
+//! ```text
+//!   loop (restart on request from the BPF side):
+//!     Scheduler::init ── attach
+//!     every phase_eval_interval_ms:
+//!        Observer::poll ─> rules (new/renamed threads only) ─> PhaseDetector::update
+//!          ─> PolicyConfig::decide ─> Decisions::diff ─> task_class map
+//!     between passes: answer stats requests, watch SIGHUP / the config file
+//!   SIGINT/SIGTERM ─> detach ─> exit 0;  BPF-side exit ─> UEI report ─> exit 1
+//! ```
+
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Context, Result};
+use crossbeam::channel::RecvTimeoutError;
+use log::{info, warn};
+use scx_stats::prelude::StatsServer;
+
+use crate::config::{Config, ConfigError};
+use crate::gpu::{self, GpuProvider};
+use crate::observe::{Observer, ProcessView, Snapshot};
+use crate::phase::{Phase, PhaseDetector};
+use crate::policy::Decision;
+use crate::rules::{Identity, Rules};
+use crate::sched::{self, Scheduler, WriteError};
+use crate::stats::{self, Metrics};
+use crate::topology::Topology;
+
+/// Presets for scx_loader's modes, applied on top of the config file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    Auto,
+    Gaming,
+    Lowlatency,
+    Powersave,
+    Server,
+}
+
+impl Mode {
+    fn apply(self, cfg: &mut Config) {
+        let s = &mut cfg.scheduler.slice_us;
+        let scale = |s: &mut crate::config::SliceConfig, num: u64, den: u64| {
+            for v in [&mut s.latency, &mut s.ml, &mut s.normal, &mut s.batch] {
+                *v = (*v * num / den).max(crate::config::SLICE_US_RANGE.0);
+            }
+        };
+        match self {
+            Mode::Auto => {}
+            Mode::Gaming | Mode::Lowlatency => {
+                scale(s, 1, 2);
+                cfg.scheduler.starvation_bound_ms = cfg.scheduler.starvation_bound_ms.min(20);
+            }
+            Mode::Powersave | Mode::Server => scale(s, 2, 1),
+        }
+    }
+}
+
+/// Where the configuration comes from: a file (or the defaults) and a mode.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub path: Option<PathBuf>,
+    pub mode: Mode,
+}
+
+impl Source {
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        let mut cfg = match &self.path {
+            Some(p) => {
+                check_owner(p)?;
+                Config::load(p)?
+            }
+            None => Config::default(),
+        };
+        self.mode.apply(&mut cfg);
+        Ok(cfg)
+    }
+
+    fn stamp(&self) -> Option<(SystemTime, u64)> {
+        let m = std::fs::metadata(self.path.as_ref()?).ok()?;
+        Some((m.modified().ok()?, m.len()))
+    }
+}
+
+/// A root daemon must not take orders from a file others can write.
+fn check_owner(path: &Path) -> Result<(), ConfigError> {
+    use std::os::unix::fs::MetadataExt;
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(());
+    }
+    if let Ok(m) = std::fs::metadata(path) {
+        if m.mode() & 0o022 != 0 || m.uid() != 0 {
+            return Err(ConfigError(format!(
+                "{}: refusing a config file that is not owned by root or is writable by group/others (mode {:o}, uid {})",
+                path.display(),
+                m.mode() & 0o7777,
+                m.uid()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The decisions currently in the map, to write only what changes.
+#[derive(Default)]
+struct Decisions {
+    held: HashMap<u32, (u64, Decision)>,
+}
+
+/// Everything from /proc to decisions: no BPF in here, so it can also run
+/// where nothing is attached.
+pub struct Pipeline {
+    pub cfg: Config,
+    rules: Rules,
+    topo: Topology,
+    observer: Observer,
+    gpu: Box<dyn GpuProvider>,
+    detector: PhaseDetector,
+    /// Rule verdict per thread, evaluated when it appears or is renamed.
+    matched: HashMap<u32, Option<crate::rules::Match>>,
+}
+
+impl Pipeline {
+    pub fn new(cfg: Config, topo: Topology) -> Result<Pipeline> {
+        let rules = Rules::compile(&cfg.rules).map_err(anyhow::Error::msg)?;
+        Ok(Pipeline {
+            observer: Observer::new(&cfg.observe),
+            gpu: gpu::open(&cfg.gpu),
+            detector: PhaseDetector::new(cfg.phase.clone()),
+            rules,
+            topo,
+            cfg,
+            matched: HashMap::new(),
+        })
+    }
+
+    /// Takes a new configuration (rules, policy, phase thresholds, GPU
+    /// source); the scheduler section needs a restart and is kept.
+    pub fn reconfigure(&mut self, mut cfg: Config) -> Result<()> {
+        let rules = Rules::compile(&cfg.rules).map_err(anyhow::Error::msg)?;
+        let mut topo = self.topo.clone();
+        topo.apply_config(&cfg.topology).map_err(anyhow::Error::msg)?;
+        if cfg.scheduler != self.cfg.scheduler {
+            warn!("[scheduler] changes take effect at the next start; keeping the running values");
+            cfg.scheduler = self.cfg.scheduler.clone();
+        }
+        if cfg.gpu != self.cfg.gpu {
+            self.gpu = gpu::open(&cfg.gpu);
+        }
+        if cfg.observe != self.cfg.observe {
+            self.observer = Observer::new(&cfg.observe);
+        }
+        if cfg.phase != self.cfg.phase {
+            self.detector = PhaseDetector::new(cfg.phase.clone());
+        }
+        self.rules = rules;
+        self.topo = topo;
+        self.matched.clear();
+        self.cfg = cfg;
+        Ok(())
+    }
+
+    /// One pass: observe, match rules, detect phases, decide.
+    /// Returns the snapshot and the decision for every thread that has one.
+    pub fn pass(&mut self) -> (Snapshot, Vec<(u32, u64, Decision)>) {
+        self.gpu.refresh();
+        let snap = self.observer.poll(self.gpu.as_ref());
+        for g in &snap.gone {
+            self.matched.remove(&(g.tid as u32));
+        }
+        // Rules: only for threads that are new, renamed, or whose process
+        // exec'd or moved (and for all after a reload, which clears the cache).
+        for t in &snap.threads {
+            let p = snap.process_of(t);
+            let tid = t.tid as u32;
+            if !t.changes.is_empty() || !p.changes.is_empty() || !self.matched.contains_key(&tid) {
+                let m = self.rules.first_match(&identity(p, &t.comm));
+                // `ml = true` rules make the process ML (effective next pass).
+                if t.tid == p.pid {
+                    let force = m.is_some_and(|m| m.ml).then_some(true);
+                    self.observer.set_forced_ml(p.pid, force);
+                }
+                self.matched.insert(tid, m);
+            }
+        }
+        self.detector.update(&snap);
+        let mut out = Vec::new();
+        for t in &snap.threads {
+            let tid = t.tid as u32;
+            let verdict = self.matched.get(&tid).and_then(|m| m.as_ref()).map(|m| m.verdict);
+            let phase = self.detector.phase(t.tid);
+            let node = if t.ml { self.topo.preferred_node_for_gpus(&snap.process_of(t).gpu.devices) } else { None };
+            if let Some(d) = self.cfg.policy.decide(verdict.as_ref(), phase, node) {
+                out.push((tid, t.start_ticks, d));
+            }
+        }
+        (snap, out)
+    }
+
+    pub fn phase(&self, tid: i32) -> Phase {
+        self.detector.phase(tid)
+    }
+
+    pub fn fill_metrics(&self, snap: &Snapshot, m: &mut Metrics) {
+        let s = self.detector.stats();
+        m.threads = snap.threads.len() as u64;
+        m.ml_threads = snap.threads.iter().filter(|t| t.ml).count() as u64;
+        m.phase_data_loading = s.threads_in(Phase::DataLoading);
+        m.phase_gpu_compute = s.threads_in(Phase::GpuCompute);
+        m.phase_nccl_collective = s.threads_in(Phase::NcclCollective);
+        m.phase_optimizer_step = s.threads_in(Phase::OptimizerStep);
+        m.phase_transitions = s.transitions;
+        m.observe_pass_us = snap.pass_ns / 1000;
+    }
+}
+
+fn identity<'a>(p: &'a ProcessView, comm: &'a str) -> Identity<'a> {
+    Identity { comm, cmdline: &p.cmdline, cgroup: &p.cgroup, parent_comm: &p.parent_comm, uid: p.uid, gid: p.gid }
+}
+
+impl Decisions {
+    /// Writes what changed; forgets what is gone. Returns (written, full).
+    fn apply(&mut self, sched: &Scheduler, snap: &Snapshot, decided: &[(u32, u64, Decision)]) -> (u64, u64) {
+        let (mut written, mut full) = (0, 0);
+        let mut live: HashMap<u32, ()> = HashMap::with_capacity(decided.len());
+        for (tid, start, d) in decided {
+            live.insert(*tid, ());
+            if self.held.get(tid) == Some(&(*start, *d)) {
+                continue;
+            }
+            match sched.write(*tid, *start, d) {
+                Ok(()) => {
+                    self.held.insert(*tid, (*start, *d));
+                    written += 1;
+                }
+                Err(WriteError::Full) => full += 1,
+                Err(e) => sched::warn_write(*tid, &e),
+            }
+        }
+        // Threads that vanished or lost their decision (phase back to Unknown).
+        let gone: Vec<u32> = self.held.keys().filter(|t| !live.contains_key(t)).copied().collect();
+        for tid in gone {
+            self.held.remove(&tid);
+            if !snap.gone.iter().any(|g| g.tid as u32 == tid) {
+                sched.remove(tid);
+            }
+        }
+        (written, full)
+    }
+}
+
+/// Runs the scheduler until SIGINT/SIGTERM (Ok) or a BPF-side exit (Err).
+pub fn run(source: &Source, stats_every: Option<f64>, shutdown: Arc<AtomicBool>) -> Result<()> {
+    let cfg = source.load()?;
+    sched::check_kernel()?;
+    let mut topo = Topology::read(Path::new("/sys")).context("reading the CPU topology from /sys")?;
+    topo.apply_config(&cfg.topology).map_err(anyhow::Error::msg)?;
+
+    let reload = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone()).context("installing SIGHUP")?;
+
+    let mut open_object = MaybeUninit::uninit();
+    let mut pipeline = Pipeline::new(cfg, topo.clone())?;
+    loop {
+        let mut sched = Scheduler::init(&pipeline.cfg.scheduler, &topo, &mut open_object)?;
+        let bpf_exited = serve(&mut sched, &mut pipeline, source, stats_every, &shutdown, &reload)?;
+        let uei = sched.shutdown()?;
+        if uei.should_restart() {
+            info!("the BPF scheduler asked for a restart");
+            continue;
+        }
+        if bpf_exited {
+            bail!("the BPF scheduler exited on its own; see the report above");
+        }
+        info!("scx_zernel detached");
+        return Ok(());
+    }
+}
+
+/// The attached loop. Returns whether the BPF side exited by itself.
+fn serve(
+    sched: &mut Scheduler,
+    pipeline: &mut Pipeline,
+    source: &Source,
+    stats_every: Option<f64>,
+    shutdown: &AtomicBool,
+    reload: &AtomicBool,
+) -> Result<bool> {
+    let server = StatsServer::new(stats::server_data()).launch()?;
+    let (res_ch, req_ch) = server.channels();
+    let mut decisions = Decisions::default();
+    let mut metrics = Metrics::default();
+    let mut stamp = source.stamp();
+    let mut last_print = Instant::now();
+    let mut last_stamp_check = Instant::now();
+    loop {
+        let started = Instant::now();
+        if shutdown.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        if sched.exited() {
+            return Ok(true);
+        }
+
+        // Live reload: SIGHUP or a changed file (checked once a second).
+        let mut want = reload.swap(false, Ordering::Relaxed);
+        if last_stamp_check.elapsed() >= Duration::from_secs(1) {
+            last_stamp_check = Instant::now();
+            let now = source.stamp();
+            want |= now != stamp;
+            stamp = now;
+        }
+        if want {
+            match source.load().map_err(anyhow::Error::from).and_then(|c| pipeline.reconfigure(c)) {
+                Ok(()) => {
+                    metrics.reloads += 1;
+                    info!("configuration reloaded");
+                }
+                Err(e) => {
+                    metrics.reloads_rejected += 1;
+                    warn!("reload rejected, keeping the running configuration: {}", format!("{e:#}").replace('\n', " "));
+                }
+            }
+        }
+
+        let (snap, decided) = pipeline.pass();
+        let (written, full) = decisions.apply(sched, &snap, &decided);
+        metrics.decisions_written += written;
+        metrics.map_full += full;
+        if full > 0 && metrics.map_full == full {
+            warn!("task_class map is full ({} entries): some threads keep the default class", sched.map_capacity());
+        }
+        pipeline.fill_metrics(&snap, &mut metrics);
+        metrics.set_counters(&sched.counters()?);
+        metrics.map_entries = decisions.held.len() as u64;
+        metrics.map_capacity = sched.map_capacity() as u64;
+
+        if let Some(secs) = stats_every {
+            if last_print.elapsed().as_secs_f64() >= secs {
+                last_print = Instant::now();
+                metrics.format(&mut std::io::stdout())?;
+            }
+        }
+
+        // Sleep until the next pass, answering stats requests meanwhile.
+        let period = Duration::from_millis(pipeline.cfg.phase.phase_eval_interval_ms);
+        while let Some(left) = period.checked_sub(started.elapsed()) {
+            if shutdown.load(Ordering::Relaxed) {
+                break;
+            }
+            match req_ch.recv_timeout(left.min(Duration::from_millis(100))) {
+                Ok(()) => res_ch.send(metrics.clone())?,
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! `scx_zernel inspect`: what the kernel holds right now, read from the maps
+//! a running instance pinned under `scheduler.pin_dir`. One fact a line, so
+//! that scripts can grep it:
+//!
+//! ```text
+//! counter <class> <stat> <value>     per-class counters (summed over CPUs)
+//! global <name> <value>              global counters
+//! map_entries <n> / map_capacity <n> task_class fill level
+//! tid=<t> class=<c> slice_us=<n> cpu=<n> node=<n> preempt=<0|1> applied=<n>   (--tid)
+//! ```
+
+use std::path::Path;
+
+use anyhow::{bail, Result};
+
+use crate::config::{Class, Config};
+use crate::sched::{Entry, Pinned, CLASS_STAT_NAMES, GLOBAL_STAT_NAMES};
+
+/// One line describing a decision held by the kernel.
+pub fn format_entry(tid: u32, e: &Entry) -> String {
+    let class = Class::from_index(e.class).map_or_else(|| format!("#{}", e.class), |c| c.name().to_string());
+    format!(
+        "tid={tid} class={class} slice_us={} cpu={} node={} preempt={} applied={}",
+        e.slice_ns / 1000,
+        e.cpu,
+        e.node,
+        u8::from(e.preempt),
+        e.applied
+    )
+}
+
+pub fn run(cfg: &Config, tid: Option<u32>) -> Result<()> {
+    if cfg.scheduler.pin_dir.is_empty() {
+        bail!("scheduler.pin_dir is empty: the running instance pins no maps to inspect");
+    }
+    let maps = Pinned::open(Path::new(&cfg.scheduler.pin_dir))?;
+    if let Some(tid) = tid {
+        match maps.entry(tid)? {
+            Some(e) => println!("{}", format_entry(tid, &e)),
+            None => bail!("tid {tid}: no entry (default class)"),
+        }
+        return Ok(());
+    }
+    let c = maps.counters()?;
+    for class in Class::ALL {
+        for (i, name) in CLASS_STAT_NAMES.iter().enumerate() {
+            println!("counter {class} {name} {}", c.get(class, i));
+        }
+    }
+    for (i, name) in GLOBAL_STAT_NAMES.iter().enumerate() {
+        println!("global {name} {}", c.global[i]);
+    }
+    println!("map_entries {}", maps.map_entries());
+    println!("map_capacity {}", maps.map_capacity());
+    Ok(())
+}

@@ -1,0 +1,36 @@
+//! scx_zernel: an ML-aware sched_ext scheduler.
+//!
+//! See the module docs for each stage of the pipeline:
+//!
+//! ```text
+//! zernel.toml ──> config ─────────────────────────────────────┐
+//!                                                             v
+//! /proc, GPU ──> observe ──> phase ──> policy (+rules) ──> decisions (diff) ──> task_class map
+//! sysfs ───────> topology ──────────────┘                                          │
+//!                                                                                  v
+//!                        stats <── counters <── main.bpf.c: select_cpu / enqueue / dispatch
+//! ```
+
+pub mod config;
+pub mod daemon;
+pub mod gpu;
+pub mod inspect;
+pub mod observe;
+pub mod phase;
+pub mod policy;
+pub mod rules;
+pub mod sched;
+pub mod stats;
+pub mod topology;
+
+/// Structs and constants shared with the BPF side (generated from src/bpf/intf.h).
+#[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
+pub mod bpf_intf {
+    include!(concat!(env!("OUT_DIR"), "/bpf_intf.rs"));
+}
+
+/// The libbpf-rs skeleton of src/bpf/main.bpf.c.
+#[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all)]
+pub mod bpf_skel {
+    include!(concat!(env!("OUT_DIR"), "/bpf_skel.rs"));
+}

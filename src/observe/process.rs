@@ -1,0 +1,400 @@
+//! One process: discovery, periodic rescans, and its thread list.
+//!
+//! ```text
+//!            ML process                      non-ML process
+//! every pass  pread stat (comm/exec, ppid,   -
+//!             thread count), sample threads
+//! rescan      exe, cmdline, cgroup; fds+maps exe, cmdline, cgroup; stat;
+//! (1 s)       not needed (already ML)        fds+maps if vsize changed
+//! spread      thread names, a slice of the   same
+//!             threads per pass
+//! on change   relist /proc/<pid>/task when the thread count changed or a
+//!             thread vanished (readdir of 2,000 tasks costs ~1.5 ms)
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use procfs::process::{Stat, Status};
+use procfs::{FromRead, ProcessCGroups};
+
+use super::evidence::{EvidenceMatcher, Found};
+use super::procfile::{DirFile, ProcFile, ReadError};
+use super::thread::{PassCtx, ThreadEntry};
+use super::types::{Changes, GoneThread, MlEnv, MlEvidence, ProcessGpu, ProcessView};
+
+/// PF_KTHREAD in the stat flags.
+const PF_KTHREAD: u32 = 0x0020_0000;
+/// Longest cmdline kept (bytes).
+const MAX_CMDLINE: usize = 4096;
+
+/// Per-pass settings a process needs besides [`PassCtx`].
+pub struct ProcSettings<'a> {
+    pub matcher: &'a EvidenceMatcher,
+    pub rescan_interval: Duration,
+    pub evidence_interval: Duration,
+    /// Wall time since the previous pass (for spreading name checks).
+    pub elapsed: Duration,
+}
+
+struct ProcStat {
+    comm: String,
+    ppid: i32,
+    start_ticks: u64,
+    num_threads: u32,
+    vsize: u64,
+    kernel_thread: bool,
+}
+
+fn parse_proc_stat(bytes: &[u8]) -> Result<ProcStat, ReadError> {
+    let st = Stat::from_read(bytes).map_err(|_| ReadError::Other)?;
+    Ok(ProcStat {
+        comm: st.comm,
+        ppid: st.ppid,
+        start_ticks: st.starttime,
+        num_threads: u32::try_from(st.num_threads).unwrap_or(0),
+        vsize: st.vsize,
+        kernel_thread: st.flags & PF_KTHREAD != 0,
+    })
+}
+
+/// Observer state of one process.
+#[derive(Debug)]
+pub struct ProcEntry {
+    pub view: ProcessView,
+    /// Sorted by tid.
+    pub threads: Vec<ThreadEntry>,
+    /// Evidence from the environment (read at discovery and exec).
+    env_found: Found,
+    /// Evidence from fds and maps (read at discovery, exec, vsize change).
+    scan_found: Found,
+    /// Set by the rules engine: Some(true) ML, Some(false) never ML.
+    pub forced: Option<bool>,
+    stat: ProcFile,
+    task_dir: DirFile,
+    vsize: u64,
+    vsize_at_scan: u64,
+    last_scan: Instant,
+    next_rescan: Instant,
+    relist: bool,
+    name_cursor: usize,
+    name_credit: f64,
+    /// Listed in /proc in the current pass.
+    pub seen: bool,
+}
+
+fn proc_dir(root: &Path, pid: i32) -> PathBuf {
+    root.join(pid.to_string())
+}
+
+impl ProcEntry {
+    /// Own evidence (environment, fds, maps), without inheritance.
+    pub fn own_evidence(&self) -> (MlEvidence, Option<&str>) {
+        let ev = self.env_found.evidence | self.scan_found.evidence;
+        let detail = self.env_found.detail.as_deref().or(self.scan_found.detail.as_deref());
+        (ev, detail)
+    }
+
+    /// Reads everything about a process seen for the first time.
+    pub fn discover(pid: i32, ctx: &mut PassCtx, s: &ProcSettings) -> Result<ProcEntry, ReadError> {
+        let root = ctx.root;
+        let mut stat = ProcFile::default();
+        stat.read(|| proc_dir(root, pid).join("stat"), ctx.budget, ctx.buf)?;
+        let st = parse_proc_stat(ctx.buf.bytes())?;
+        // Stagger rescans over the interval so they do not all fall on one pass.
+        let stagger = s.rescan_interval.mul_f64((pid.unsigned_abs() % 97) as f64 / 97.0);
+        let mut p = ProcEntry {
+            view: ProcessView {
+                pid,
+                ppid: st.ppid,
+                start_ticks: st.start_ticks,
+                comm: Arc::from(st.comm.as_str()),
+                cmdline: Arc::from(""),
+                exe: Arc::from(""),
+                uid: 0,
+                gid: 0,
+                cgroup: Arc::from(""),
+                parent_comm: Arc::from(""),
+                kernel_thread: st.kernel_thread,
+                ml: false,
+                evidence: MlEvidence::NONE,
+                evidence_detail: Arc::from(""),
+                env: MlEnv::default(),
+                loader_process: false,
+                gpu: ProcessGpu::default(),
+                nr_threads: st.num_threads,
+                changes: Changes::NEW,
+            },
+            threads: Vec::new(),
+            env_found: Found::default(),
+            scan_found: Found::default(),
+            forced: None,
+            stat,
+            task_dir: DirFile::default(),
+            vsize: st.vsize,
+            vsize_at_scan: st.vsize,
+            last_scan: ctx.now,
+            next_rescan: ctx.now + stagger.max(Duration::from_millis(1)),
+            relist: true,
+            name_cursor: 0,
+            name_credit: 0.0,
+            seen: true,
+        };
+        p.read_identity(ctx);
+        p.read_cgroup(ctx);
+        if !p.view.kernel_thread {
+            p.read_program(ctx);
+            p.read_environ(ctx, s.matcher);
+            p.scan_evidence(ctx, s.matcher);
+        }
+        Ok(p)
+    }
+
+    /// Effective uid/gid (status), at discovery and exec.
+    fn read_identity(&mut self, ctx: &mut PassCtx) {
+        let path = proc_dir(ctx.root, self.view.pid).join("status");
+        if ctx.buf.read_path(&path).is_ok() {
+            if let Ok(st) = Status::from_read(ctx.buf.bytes()) {
+                self.view.uid = st.euid;
+                self.view.gid = st.egid;
+            }
+        }
+    }
+
+    /// cgroup v2 path. Returns true when it changed.
+    fn read_cgroup(&mut self, ctx: &mut PassCtx) -> bool {
+        let path = proc_dir(ctx.root, self.view.pid).join("cgroup");
+        if ctx.buf.read_path(&path).is_err() {
+            return false;
+        }
+        let Ok(groups) = ProcessCGroups::from_read(ctx.buf.bytes()) else {
+            return false;
+        };
+        let v2 = groups.0.iter().find(|g| g.hierarchy == 0 && g.controllers.is_empty());
+        let path = v2.map(|g| g.pathname.as_str()).unwrap_or("");
+        if *self.view.cgroup != *path {
+            self.view.cgroup = Arc::from(path);
+            return true;
+        }
+        false
+    }
+
+    /// exe and cmdline. Returns (exe changed, cmdline changed).
+    fn read_program(&mut self, ctx: &mut PassCtx) -> (bool, bool) {
+        let dir = proc_dir(ctx.root, self.view.pid);
+        let exe = std::fs::read_link(dir.join("exe"))
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let cmdline = match procfs::process::Process::new_with_root(dir).and_then(|p| p.cmdline()) {
+            Ok(args) => {
+                let mut s = args.join(" ");
+                if s.len() > MAX_CMDLINE {
+                    let mut cut = MAX_CMDLINE;
+                    while !s.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    s.truncate(cut);
+                }
+                s
+            }
+            Err(_) => String::new(),
+        };
+        let exe_changed = !exe.is_empty() && *self.view.exe != *exe;
+        let cmd_changed = *self.view.cmdline != *cmdline;
+        if exe_changed {
+            self.view.exe = Arc::from(exe.as_str());
+        }
+        if cmd_changed {
+            self.view.cmdline = Arc::from(cmdline.as_str());
+        }
+        (exe_changed, cmd_changed)
+    }
+
+    fn read_environ(&mut self, ctx: &mut PassCtx, matcher: &EvidenceMatcher) {
+        let dir = proc_dir(ctx.root, self.view.pid);
+        let env = procfs::process::Process::new_with_root(dir).and_then(|p| p.environ());
+        let (found, ml_env) = match env {
+            Ok(env) => matcher.from_environ(&env),
+            Err(_) => (Found::default(), MlEnv::default()),
+        };
+        self.env_found = found;
+        self.view.env = ml_env;
+    }
+
+    /// fds and maps.
+    fn scan_evidence(&mut self, ctx: &mut PassCtx, matcher: &EvidenceMatcher) {
+        let dir = proc_dir(ctx.root, self.view.pid);
+        let mut found = matcher.from_fds(&dir, ctx.buf);
+        if ctx.buf.read_path(&dir.join("maps")).is_ok() {
+            found.merge(matcher.from_maps(ctx.buf.bytes()));
+        }
+        self.scan_found = found;
+        self.vsize_at_scan = self.vsize;
+        self.last_scan = ctx.now;
+    }
+
+    /// The per-pass (ML) or per-rescan (non-ML) update. Err(Gone) when the
+    /// process is gone or its pid was recycled (the caller rediscovers it).
+    pub fn refresh(&mut self, ctx: &mut PassCtx, s: &ProcSettings) -> Result<(), ReadError> {
+        let root = ctx.root;
+        let pid = self.view.pid;
+        self.stat.read(|| proc_dir(root, pid).join("stat"), ctx.budget, ctx.buf)?;
+        let st = parse_proc_stat(ctx.buf.bytes())?;
+        if st.start_ticks != self.view.start_ticks {
+            return Err(ReadError::Gone);
+        }
+        if st.ppid != self.view.ppid {
+            self.view.ppid = st.ppid;
+            self.view.changes |= Changes::PARENT;
+        }
+        if st.num_threads != self.view.nr_threads || st.num_threads as usize != self.threads.len() {
+            self.relist = true;
+        }
+        self.view.nr_threads = st.num_threads;
+        self.vsize = st.vsize;
+        let renamed = *self.view.comm != *st.comm;
+        if renamed {
+            self.view.comm = Arc::from(st.comm.as_str());
+            self.view.changes |= Changes::RENAMED;
+        }
+        let rescan_due = ctx.now >= self.next_rescan;
+        if self.view.kernel_thread || !(renamed || rescan_due) {
+            return Ok(());
+        }
+        let (exe_changed, cmd_changed) = self.read_program(ctx);
+        if cmd_changed {
+            self.view.changes |= Changes::RENAMED;
+        }
+        if exe_changed || cmd_changed {
+            // A new program (or the same binary with new arguments): its
+            // environment, identity and evidence are new.
+            if exe_changed {
+                self.view.changes |= Changes::EXEC;
+                self.forced = None;
+                self.relist = true;
+            }
+            self.read_identity(ctx);
+            self.read_environ(ctx, s.matcher);
+            self.scan_evidence(ctx, s.matcher);
+        }
+        if rescan_due {
+            self.next_rescan = ctx.now + s.rescan_interval;
+            if self.read_cgroup(ctx) {
+                self.view.changes |= Changes::CGROUP;
+            }
+            let vsize_changed = self.vsize != self.vsize_at_scan;
+            let scan_due = ctx.now.saturating_duration_since(self.last_scan) >= s.evidence_interval;
+            if !self.view.ml && vsize_changed && scan_due {
+                self.scan_evidence(ctx, s.matcher);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the non-ML rescan is due.
+    pub fn rescan_due(&self, now: Instant) -> bool {
+        now >= self.next_rescan
+    }
+
+    /// Relists threads if needed, checks a slice of thread names, samples
+    /// ML threads. Gone threads are appended to `gone`.
+    pub fn update_threads(&mut self, ctx: &mut PassCtx, s: &ProcSettings, ids: &mut Vec<i32>, gone: &mut Vec<GoneThread>) {
+        if self.relist {
+            self.relist_threads(ctx, ids, gone);
+        }
+        // Names: enough per pass that every thread is checked once per
+        // rescan interval.
+        if !self.threads.is_empty() {
+            let frac = s.elapsed.as_secs_f64() / s.rescan_interval.as_secs_f64().max(1e-3);
+            self.name_credit += frac * self.threads.len() as f64;
+            let n = (self.name_credit.floor() as usize).min(self.threads.len());
+            self.name_credit -= n as f64;
+            for _ in 0..n {
+                self.name_cursor %= self.threads.len();
+                let i = self.name_cursor;
+                match self.threads[i].check_name(ctx) {
+                    Ok(()) => self.name_cursor += 1,
+                    Err(ReadError::Gone) => self.drop_thread(i, gone),
+                    Err(_) => self.name_cursor += 1,
+                }
+                if self.threads.is_empty() {
+                    break;
+                }
+            }
+        }
+        if self.view.ml {
+            let mut i = 0;
+            while i < self.threads.len() {
+                let t = &mut self.threads[i];
+                if !t.due(ctx.now) {
+                    i += 1;
+                    continue;
+                }
+                match t.sample(ctx) {
+                    Ok(()) => i += 1,
+                    Err(ReadError::Gone) => self.drop_thread(i, gone),
+                    // Unreadable this time: no delta, try again next pass.
+                    Err(_) => i += 1,
+                }
+            }
+        }
+    }
+
+    fn drop_thread(&mut self, i: usize, gone: &mut Vec<GoneThread>) {
+        let t = self.threads.remove(i);
+        gone.push(GoneThread { tid: t.view.tid, tgid: t.view.tgid, start_ticks: t.view.start_ticks });
+        self.relist = true;
+    }
+
+    fn relist_threads(&mut self, ctx: &mut PassCtx, ids: &mut Vec<i32>, gone: &mut Vec<GoneThread>) {
+        let root = ctx.root;
+        let pid = self.view.pid;
+        if self
+            .task_dir
+            .list_numeric(|| proc_dir(root, pid).join("task"), ctx.budget, ctx.buf, ids)
+            .is_err()
+        {
+            return;
+        }
+        self.relist = false;
+        let old = std::mem::take(&mut self.threads);
+        let mut old = old.into_iter().peekable();
+        for &tid in ids.iter() {
+            while old.peek().is_some_and(|t| t.view.tid < tid) {
+                let t = old.next().expect("peeked");
+                gone.push(GoneThread { tid: t.view.tid, tgid: pid, start_ticks: t.view.start_ticks });
+            }
+            if old.peek().is_some_and(|t| t.view.tid == tid) {
+                self.threads.push(old.next().expect("peeked"));
+                continue;
+            }
+            if let Ok(mut t) = ThreadEntry::discover(pid, tid, ctx) {
+                t.view.ml = self.view.ml;
+                self.threads.push(t);
+            }
+        }
+        for t in old {
+            gone.push(GoneThread { tid: t.view.tid, tgid: pid, start_ticks: t.view.start_ticks });
+        }
+    }
+
+    /// Forgets the per-pass flags of the previous pass.
+    pub fn begin_pass(&mut self) {
+        self.view.changes = Changes::NONE;
+        self.seen = false;
+        for t in &mut self.threads {
+            t.view.changes = Changes::NONE;
+            t.view.delta = None;
+        }
+    }
+
+    /// All threads as gone (the process exited).
+    pub fn all_gone(&self, gone: &mut Vec<GoneThread>) {
+        gone.extend(self.threads.iter().map(|t| GoneThread {
+            tid: t.view.tid,
+            tgid: t.view.tgid,
+            start_ticks: t.view.start_ticks,
+        }));
+    }
+}

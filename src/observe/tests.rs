@@ -1,0 +1,472 @@
+//! Observer tests on fake /proc trees.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::fixture::*;
+use super::*;
+use crate::gpu::{GpuDevice, GpuProcess, GpuProvider, NoGpu};
+
+struct StaticGpu {
+    devices: Vec<GpuDevice>,
+    processes: Vec<GpuProcess>,
+}
+
+impl GpuProvider for StaticGpu {
+    fn name(&self) -> &'static str {
+        "static"
+    }
+    fn refresh(&mut self) {}
+    fn devices(&self) -> &[GpuDevice] {
+        &self.devices
+    }
+    fn processes(&self) -> &[GpuProcess] {
+        &self.processes
+    }
+}
+
+fn config(root: &Path) -> ObserveConfig {
+    ObserveConfig {
+        proc_root: root.to_string_lossy().into_owned(),
+        rescan_interval_ms: 10,
+        evidence_interval_ms: 10,
+        quiet_sample_interval_ms: 0,
+        ..Default::default()
+    }
+}
+
+fn observer(root: &Path) -> Observer {
+    Observer::new(&config(root))
+}
+
+/// Polls after a pause long enough for every rescan to be due.
+fn poll(o: &mut Observer) -> Snapshot {
+    poll_gpu(o, &NoGpu)
+}
+
+fn poll_gpu(o: &mut Observer, gpu: &dyn GpuProvider) -> Snapshot {
+    std::thread::sleep(Duration::from_millis(15));
+    o.poll(gpu)
+}
+
+fn proc_of(s: &Snapshot, pid: i32) -> &ProcessView {
+    s.process(pid).unwrap_or_else(|| panic!("pid {pid} missing from snapshot"))
+}
+
+fn thread_of(s: &Snapshot, tid: i32) -> &ThreadView {
+    s.thread(tid).unwrap_or_else(|| panic!("tid {tid} missing from snapshot"))
+}
+
+/// A small machine: init, a shell, a trainer with threads and two loader
+/// children, and processes with each kind of evidence.
+fn machine(root: &Path) -> Vec<FakeProc> {
+    let init = FakeProc::new(1, 0, "systemd");
+    let mut kthread = FakeProc::new(2, 0, "kthreadd");
+    kthread.kernel_thread = true;
+    kthread.env.clear();
+    kthread.maps.clear();
+    kthread.fds.clear();
+    let shell = FakeProc::new(100, 1, "bash");
+
+    let mut trainer = FakeProc::new(200, 100, "python3");
+    trainer.exe = "/usr/bin/python3.11".into();
+    trainer.cmdline = vec!["python3".into(), "train.py".into()];
+    trainer.env.push(("RANK".into(), "0".into()));
+    trainer.env.push(("WORLD_SIZE".into(), "2".into()));
+    trainer.env.push(("CUDA_VISIBLE_DEVICES".into(), "1".into()));
+    trainer.threads.push(FakeThread::new(201, "pt_autograd_0"));
+    trainer.threads.push(FakeThread::new(202, "NCCL Progress 0"));
+    trainer.threads.push(FakeThread::new(203, "pt_data_pin"));
+    trainer.threads.push(FakeThread::new(204, "python3"));
+
+    // DataLoader worker renamed by PyTorch.
+    let mut worker = FakeProc::new(210, 200, "pt_multiprocess");
+    worker.env = vec![("PATH".into(), "/usr/bin".into())];
+    // Forked Python child: same interpreter and cmdline, no name.
+    let mut forked = FakeProc::new(211, 200, "python3");
+    forked.exe = trainer.exe.clone();
+    forked.cmdline = trainer.cmdline.clone();
+
+    let mut gpu_fd = FakeProc::new(300, 1, "cudaapp");
+    gpu_fd.fds.push("/dev/nvidiactl".into());
+    let mut lib = FakeProc::new(301, 1, "infer");
+    lib.maps.push("/usr/local/cuda/lib64/libcudart.so.12.2.140".into());
+    let mut nccl = FakeProc::new(302, 1, "allreduce");
+    nccl.maps.push("/opt/nccl/lib/libnccl.so.2.19.3".into());
+    let mut rocm = FakeProc::new(303, 1, "rocmapp");
+    rocm.fds.push("/dev/kfd".into());
+
+    let all = vec![init, kthread, shell, trainer, worker, forked, gpu_fd, lib, nccl, rocm];
+    for p in &all {
+        write_proc(root, p);
+    }
+    all
+}
+
+#[test]
+fn ml_evidence_roles_and_loaders() {
+    let dir = TempDir::new("observe-evidence");
+    machine(dir.path());
+    let mut o = observer(dir.path());
+    let s = poll(&mut o);
+
+    for pid in [1, 2, 100] {
+        let p = proc_of(&s, pid);
+        assert!(!p.ml, "pid {pid} must not be ML: {}", p.evidence);
+        assert!(p.evidence.is_empty());
+    }
+    assert!(proc_of(&s, 2).kernel_thread);
+
+    let t = proc_of(&s, 200);
+    assert!(t.ml);
+    assert!(t.evidence.contains(MlEvidence::ENV_RANK) && t.evidence.contains(MlEvidence::ENV_DEVICES));
+    assert!(!t.evidence.contains(MlEvidence::PARENT));
+    assert_eq!(t.env.rank, Some(0));
+    assert_eq!(t.env.world_size, Some(2));
+    assert!(!t.loader_process);
+    assert_eq!(t.cmdline.as_ref(), "python3 train.py");
+    assert_eq!(t.cgroup.as_ref(), "/user.slice/session-1.scope");
+    assert_eq!((t.uid, t.gid), (1000, 1000));
+    assert_eq!(t.parent_comm.as_ref(), "bash");
+
+    for (pid, ev) in [
+        (300, MlEvidence::DEVICE_FD),
+        (301, MlEvidence::GPU_LIBRARY),
+        (302, MlEvidence::COLLECTIVE_LIBRARY),
+        (303, MlEvidence::DEVICE_FD),
+    ] {
+        let p = proc_of(&s, pid);
+        assert!(p.ml, "pid {pid}");
+        assert!(p.evidence.contains(ev), "pid {pid}: {}", p.evidence);
+        assert!(!p.evidence_detail.is_empty());
+    }
+    assert_eq!(proc_of(&s, 300).evidence_detail.as_ref(), "fd /dev/nvidiactl");
+
+    let w = proc_of(&s, 210);
+    assert!(w.ml && w.loader_process, "pt_multiprocess child is a loader");
+    assert!(w.evidence.contains(MlEvidence::PARENT));
+    let f = proc_of(&s, 211);
+    assert!(f.ml && f.loader_process, "forked python child is a loader");
+
+    let role = |tid| thread_of(&s, tid).role;
+    assert_eq!(role(200), ThreadRole::Trainer);
+    assert_eq!(role(201), ThreadRole::Autograd);
+    assert_eq!(role(202), ThreadRole::NcclProgress);
+    assert_eq!(role(203), ThreadRole::PinMemory);
+    assert_eq!(role(204), ThreadRole::Other);
+    assert_eq!(role(210), ThreadRole::DataLoader);
+    assert_eq!(role(211), ThreadRole::DataLoader);
+    assert_eq!(role(100), ThreadRole::NonMl);
+    assert!(thread_of(&s, 201).ml && !thread_of(&s, 100).ml);
+    assert_eq!(thread_of(&s, 201).start_ticks, 1201);
+    // Every process and thread is NEW on the first pass, nothing on the second.
+    assert!(s.processes.iter().all(|p| p.changes.contains(Changes::NEW)));
+    assert!(s.threads.iter().all(|t| t.changes.contains(Changes::NEW)));
+    let s2 = poll(&mut o);
+    assert_eq!(s2.changed_processes().count(), 0, "{:?}", s2.changed_processes().map(|p| p.pid).collect::<Vec<_>>());
+    assert_eq!(s2.changed_threads().count(), 0);
+    assert_eq!(s2.threads.len(), s.threads.len());
+}
+
+#[test]
+fn inheritance_depth_and_forcing() {
+    let dir = TempDir::new("observe-forced");
+    let root = dir.path();
+    let mut ml = FakeProc::new(10, 1, "trainer");
+    ml.env.push(("LOCAL_RANK".into(), "0".into()));
+    let child = FakeProc::new(11, 10, "helper");
+    let grandchild = FakeProc::new(12, 11, "helper2");
+    let plain = FakeProc::new(20, 1, "myjob");
+    let plain_child = FakeProc::new(21, 20, "myjob-child");
+    for p in [&ml, &child, &grandchild, &plain, &plain_child] {
+        write_proc(root, p);
+    }
+    let cfg = ObserveConfig { ml_inherit_depth: 1, ..config(root) };
+    let mut o = Observer::new(&cfg);
+    let s = poll(&mut o);
+    assert!(proc_of(&s, 11).ml, "child inherits");
+    assert!(!proc_of(&s, 11).loader_process, "not a loader: neither named nor forked python");
+    assert!(!proc_of(&s, 12).ml, "grandchild beyond ml_inherit_depth = 1");
+    assert!(!proc_of(&s, 20).ml);
+
+    assert!(o.set_forced_ml(20, Some(true)));
+    assert!(o.set_forced_ml(10, Some(false)));
+    assert!(!o.set_forced_ml(999, Some(true)));
+    let s = poll(&mut o);
+    let p = proc_of(&s, 20);
+    assert!(p.ml && p.evidence.contains(MlEvidence::FORCED));
+    assert!(p.changes.contains(Changes::ML));
+    assert!(thread_of(&s, 20).ml && thread_of(&s, 20).changes.contains(Changes::ML));
+    assert_eq!(thread_of(&s, 20).role, ThreadRole::Trainer);
+    assert!(proc_of(&s, 21).ml, "children of a forced process inherit");
+    assert!(!proc_of(&s, 10).ml, "forced non-ML wins over evidence");
+    assert!(!proc_of(&s, 11).ml, "and stops inheritance");
+
+    o.set_forced_ml(10, None);
+    let s = poll(&mut o);
+    assert!(proc_of(&s, 10).ml && proc_of(&s, 11).ml);
+}
+
+#[test]
+fn deltas_of_ml_threads() {
+    let dir = TempDir::new("observe-deltas");
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("sys/kernel")).unwrap();
+    std::fs::write(root.join("sys/kernel/task_delayacct"), "1\n").unwrap();
+    let mut p = FakeProc::new(50, 1, "trainer");
+    p.env.push(("RANK".into(), "0".into()));
+    p.threads.push(FakeThread::new(51, "NCCL Progress 0"));
+    p.threads.push(FakeThread::new(52, "idle"));
+    let mut plain = FakeProc::new(60, 1, "daemon");
+    plain.threads[0].cpu_ns = 5_000_000;
+    write_proc(root, &p);
+    write_proc(root, &plain);
+
+    let mut o = observer(root);
+    let s = poll(&mut o);
+    assert!(s.delayacct);
+    assert!(s.threads.iter().all(|t| t.delta.is_none()), "no delta on first sight");
+
+    // The NCCL thread spins and waits; the idle one does nothing.
+    let t = p.thread(51);
+    t.cpu_ns += 40_000_000;
+    t.runq_ns += 2_000_000;
+    t.slices += 30;
+    t.voluntary += 25;
+    t.involuntary += 5;
+    t.rchar += 4096;
+    t.wchar += 1024;
+    t.blkio_ticks += 2;
+    t.cpu = 1;
+    write_proc(root, &p);
+    plain.threads[0].cpu_ns += 10_000_000;
+    write_proc(root, &plain);
+
+    let s = poll(&mut o);
+    let n = thread_of(&s, 51);
+    let d = n.delta.expect("ML thread sampled");
+    assert!(d.interval_ns >= 10_000_000, "interval {}", d.interval_ns);
+    // Capped at the interval when the fake counters exceed it.
+    assert_eq!(d.cpu_ns, 40_000_000.min(d.interval_ns));
+    assert_eq!(d.runq_wait_ns, 2_000_000);
+    assert_eq!(d.timeslices, 30);
+    let dd = d.detail.expect("active thread gets a detailed read");
+    assert_eq!((dd.voluntary_switches, dd.involuntary_switches), (25, 5));
+    assert_eq!((dd.read_bytes, dd.write_bytes), (4096, 1024));
+    assert_eq!(dd.blkio_delay_ns, Some(20_000_000));
+    assert_eq!(n.wait, WaitKind::Futex);
+    assert_eq!(n.state, ThreadState::Sleeping);
+    assert_eq!(n.last_cpu, Some(1));
+
+    let idle = thread_of(&s, 52).delta.expect("sampled every pass");
+    assert_eq!(idle.cpu_ns, 0);
+    assert!(idle.detail.is_none(), "quiet threads skip the detailed read");
+    assert!(thread_of(&s, 60).delta.is_none(), "non-ML threads are not sampled");
+
+    // Counters that go backwards (absurd) re-baseline instead of wrapping.
+    p.thread(51).cpu_ns = 1;
+    write_proc(root, &p);
+    let s = poll(&mut o);
+    assert!(thread_of(&s, 51).delta.is_none());
+    let s = poll(&mut o);
+    assert_eq!(thread_of(&s, 51).delta.unwrap().cpu_ns, 0);
+}
+
+#[test]
+fn quiet_pool_threads_are_sampled_less_often() {
+    let dir = TempDir::new("observe-quiet");
+    let root = dir.path();
+    let mut p = FakeProc::new(70, 1, "trainer");
+    p.env.push(("RANK".into(), "0".into()));
+    p.threads.push(FakeThread::new(71, "omp_worker"));
+    write_proc(root, &p);
+    let cfg = ObserveConfig { quiet_sample_interval_ms: 60_000, ..config(root) };
+    let mut o = Observer::new(&cfg);
+    poll(&mut o);
+    // Quiet for more than a second: then the pool thread is sampled every
+    // minute only; the trainer keeps being sampled every pass.
+    let start = std::time::Instant::now();
+    let mut sampled = 0;
+    while start.elapsed() < Duration::from_millis(1300) {
+        let s = poll(&mut o);
+        sampled += thread_of(&s, 71).delta.is_some() as u32;
+    }
+    assert!(sampled >= 10, "sampled every pass while not yet quiet long enough: {sampled}");
+    let s = poll(&mut o);
+    assert_eq!(thread_of(&s, 71).role, ThreadRole::Other);
+    assert!(thread_of(&s, 71).delta.is_none(), "quiet pool thread not due");
+    assert!(thread_of(&s, 70).delta.is_some(), "the trainer is never tiered");
+}
+
+#[test]
+fn vanishing_pids_threads_and_garbage() {
+    let dir = TempDir::new("observe-vanish");
+    let root = dir.path();
+    let mut p = FakeProc::new(80, 1, "trainer");
+    p.env.push(("RANK".into(), "0".into()));
+    p.threads.push(FakeThread::new(81, "pt_autograd_0"));
+    p.threads.push(FakeThread::new(82, "worker"));
+    let q = FakeProc::new(90, 1, "bash");
+    write_proc(root, &p);
+    write_proc(root, &q);
+    // Garbage: a pid dir with unparsable stat, one with nothing in it, a
+    // non-numeric entry.
+    std::fs::create_dir_all(root.join("95")).unwrap();
+    std::fs::write(root.join("95/stat"), "garbage").unwrap();
+    std::fs::create_dir_all(root.join("96")).unwrap();
+    std::fs::create_dir_all(root.join("self")).unwrap();
+
+    let mut o = observer(root);
+    let s = poll(&mut o);
+    assert!(s.process(95).is_none() && s.process(96).is_none());
+    assert_eq!(s.threads.iter().filter(|t| t.tgid == 80).count(), 3);
+
+    // A thread exits.
+    p.threads.retain(|t| t.tid != 82);
+    remove_thread(root, 80, 82);
+    write_proc(root, &p);
+    let s = poll(&mut o);
+    assert_eq!(s.gone, vec![GoneThread { tid: 82, tgid: 80, start_ticks: 1082 }]);
+    assert!(s.thread(82).is_none());
+
+    // A new thread appears and is NEW with its name.
+    p.threads.push(FakeThread::new(83, "pt_data_pin"));
+    write_proc(root, &p);
+    let s = poll(&mut o);
+    let t = thread_of(&s, 83);
+    assert!(t.changes.contains(Changes::NEW));
+    assert_eq!((t.comm.as_ref(), t.role), ("pt_data_pin", ThreadRole::PinMemory));
+
+    // A process exits: all its threads are gone.
+    remove_proc(root, 80);
+    let s = poll(&mut o);
+    let mut gone: Vec<i32> = s.gone.iter().map(|g| g.tid).collect();
+    gone.sort();
+    assert_eq!(gone, vec![80, 81, 83]);
+    assert!(s.process(80).is_none());
+    assert!(s.process(90).is_some());
+
+    // Files turning into garbage under a known process: skipped, no panic.
+    std::fs::write(root.join("90/stat"), "90 (bash) S").unwrap();
+    std::fs::write(root.join("90/task/90/comm"), [0xff, 0xfe, b'\n']).unwrap();
+    let s = poll(&mut o);
+    assert!(s.process(90).is_some());
+    // The proc root itself vanishing keeps the previous view.
+    let s = {
+        let mut o2 = Observer::new(&config(&root.join("nope")));
+        poll(&mut o2)
+    };
+    assert!(s.processes.is_empty());
+}
+
+#[test]
+fn pid_reuse_is_a_new_process() {
+    let dir = TempDir::new("observe-reuse");
+    let root = dir.path();
+    let mut p = FakeProc::new(40, 1, "first");
+    write_proc(root, &p);
+    let mut o = observer(root);
+    poll(&mut o);
+    p.start += 500;
+    p.comm = "second".into();
+    p.threads[0].start += 500;
+    p.threads[0].comm = "second".into();
+    write_proc(root, &p);
+    let s = poll(&mut o);
+    assert_eq!(s.gone, vec![GoneThread { tid: 40, tgid: 40, start_ticks: 1040 }]);
+    let np = proc_of(&s, 40);
+    assert!(np.changes.contains(Changes::NEW));
+    assert_eq!(np.comm.as_ref(), "second");
+    assert_eq!(thread_of(&s, 40).start_ticks, 1540);
+}
+
+#[test]
+fn renames_and_exec_are_reported_once() {
+    let dir = TempDir::new("observe-rename");
+    let root = dir.path();
+    let mut p = FakeProc::new(30, 1, "launcher");
+    p.threads.push(FakeThread::new(31, "worker"));
+    write_proc(root, &p);
+    let mut o = observer(root);
+    poll(&mut o);
+
+    // A thread renames itself.
+    p.thread(31).comm = "pt_autograd_0".into();
+    write_proc(root, &p);
+    let s = poll(&mut o);
+    let t = thread_of(&s, 31);
+    assert!(t.changes.contains(Changes::RENAMED));
+    assert_eq!(t.comm.as_ref(), "pt_autograd_0");
+    assert_eq!(t.role, ThreadRole::NonMl, "process is not ML");
+    assert!(poll(&mut o).changed_threads().next().is_none());
+
+    // The process execs an ML program.
+    p.threads.truncate(1);
+    remove_thread(root, 30, 31);
+    p.comm = "python3".into();
+    p.threads[0].comm = "python3".into();
+    p.exe = "/usr/bin/python3".into();
+    p.cmdline = vec!["python3".into(), "train.py".into()];
+    p.env.push(("WORLD_SIZE".into(), "4".into()));
+    write_proc(root, &p);
+    let s = poll(&mut o);
+    let v = proc_of(&s, 30);
+    assert!(v.changes.contains(Changes::EXEC), "{:?}", v.changes);
+    assert!(v.ml && v.evidence.contains(MlEvidence::ENV_RANK));
+    assert_eq!(v.env.world_size, Some(4));
+    assert_eq!(v.cmdline.as_ref(), "python3 train.py");
+    assert_eq!(s.gone.iter().map(|g| g.tid).collect::<Vec<_>>(), vec![31]);
+    assert_eq!(thread_of(&s, 30).role, ThreadRole::Trainer);
+
+    // A cgroup move.
+    p.cgroup = "/system.slice/train.service".into();
+    write_proc(root, &p);
+    let s = poll(&mut o);
+    assert!(proc_of(&s, 30).changes.contains(Changes::CGROUP));
+    assert_eq!(proc_of(&s, 30).cgroup.as_ref(), "/system.slice/train.service");
+}
+
+#[test]
+fn late_gpu_initialisation_is_noticed() {
+    let dir = TempDir::new("observe-late");
+    let root = dir.path();
+    let mut p = FakeProc::new(33, 1, "python3");
+    write_proc(root, &p);
+    let mut o = observer(root);
+    assert!(!proc_of(&poll(&mut o), 33).ml);
+    // `import torch; torch.cuda.init()`: libraries and device mapped, vsize grows.
+    p.maps.push("/usr/lib/python3/site-packages/torch/lib/libtorch_cuda.so".into());
+    p.fds.push("/dev/nvidia0".into());
+    p.vsize += 1 << 30;
+    write_proc(root, &p);
+    let s = poll(&mut o);
+    let v = proc_of(&s, 33);
+    assert!(v.ml && v.evidence.contains(MlEvidence::GPU_LIBRARY) && v.evidence.contains(MlEvidence::DEVICE_FD));
+    assert!(v.changes.contains(Changes::ML));
+}
+
+#[test]
+fn gpu_data_is_joined_to_processes() {
+    let dir = TempDir::new("observe-gpu");
+    let root = dir.path();
+    machine(root);
+    let gpu = StaticGpu {
+        devices: vec![
+            GpuDevice { index: 0, uuid: "GPU-a".into(), pci_bus_id: "0000:01:00.0".into(), util_pct: 10 },
+            GpuDevice { index: 1, uuid: "GPU-b".into(), pci_bus_id: "0000:02:00.0".into(), util_pct: 90 },
+        ],
+        processes: vec![GpuProcess { pid: 301, device: 0, sm_util_pct: 42 }, GpuProcess { pid: 100, device: 1, sm_util_pct: 5 }],
+    };
+    let mut o = Observer::new(&config(root));
+    let s = poll_gpu(&mut o, &gpu);
+    assert_eq!(s.gpus.len(), 2);
+    let t = proc_of(&s, 200);
+    assert_eq!(t.gpu, ProcessGpu { devices: Arc::from([1]), util_pct: Some(90), per_process: false }, "CUDA_VISIBLE_DEVICES=1");
+    assert_eq!(&*thread_of(&s, 201).gpus, &[1], "threads carry their process's GPUs");
+    let l = proc_of(&s, 301);
+    assert_eq!(l.gpu, ProcessGpu { devices: Arc::from([0]), util_pct: Some(42), per_process: true });
+    let sh = proc_of(&s, 100);
+    assert!(sh.ml && sh.evidence.contains(MlEvidence::GPU_PROCESS), "listed GPU users are ML");
+    assert_eq!(proc_of(&s, 1).gpu, ProcessGpu::default());
+}

@@ -1,0 +1,323 @@
+//! Per-thread ML phase detection with hysteresis.
+//!
+//! Each pass, every thread of an ML process gets a *candidate* phase from
+//! its deltas, its role and its process's GPU use (classify.rs); a candidate
+//! becomes the thread's phase only after `phase_stability_count`
+//! consecutive intervals:
+//!
+//! ```text
+//!  snapshot ──> classify(thread, process) ──> candidate
+//!                                               │
+//!     candidate == phase ────────────────────> stay, streak = 0
+//!     candidate == pending ──> streak += 1 ──> streak >= N ? adopt (PhaseChange)
+//!     otherwise ─────────────> pending = candidate, streak = 1
+//! ```
+//! A thread without a fresh sample (quiet thread between samples, first
+//! sight) gives no candidate and keeps its phase and streak. Threads of
+//! non-ML processes are always [`Phase::Unknown`] and are not tracked.
+//! Gone threads are forgotten; a recycled tid (new start time) starts over.
+//!
+//! The detector also keeps, for stats, how many threads are in each phase,
+//! how many transitions into each phase happened, and the thread-time spent
+//! in each phase.
+
+mod classify;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::observe::Snapshot;
+pub use classify::classify;
+
+/// What an ML thread is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Phase {
+    /// Reading and decoding input (DataLoader workers, pin memory).
+    DataLoading,
+    /// Driving the GPU: launching kernels and waiting for them.
+    GpuCompute,
+    /// Taking part in a collective (all-reduce): spin/wait cycles.
+    NcclCollective,
+    /// CPU-bound optimizer step while the GPU idles.
+    OptimizerStep,
+    /// None of the above, or not an ML thread.
+    #[default]
+    Unknown,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 5] =
+        [Phase::DataLoading, Phase::GpuCompute, Phase::NcclCollective, Phase::OptimizerStep, Phase::Unknown];
+    pub const COUNT: usize = 5;
+
+    /// Position in [`Phase::ALL`] (for per-phase arrays).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::DataLoading => "data_loading",
+            Phase::GpuCompute => "gpu_compute",
+            Phase::NcclCollective => "nccl_collective",
+            Phase::OptimizerStep => "optimizer_step",
+            Phase::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The `[phase]` section: evaluation period, hysteresis and the thresholds
+/// of the heuristics (see classify.rs for how each is used).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PhaseConfig {
+    /// Period (ms) of the daemon's observe -> phase -> policy loop. Samples
+    /// covering less than half of it (a poll right after another) are too
+    /// short to judge and are ignored.
+    pub phase_eval_interval_ms: u64,
+    /// A new phase must be the candidate this many consecutive intervals
+    /// before it is adopted.
+    pub phase_stability_count: u32,
+    /// A process's GPU counts as busy at or above this utilisation (%).
+    pub gpu_busy_util_pct: u32,
+    /// A process's GPU counts as idle at or below this utilisation (%).
+    pub gpu_idle_util_pct: u32,
+    /// DataLoading: a loader thread runnable at least this fraction of the
+    /// interval (reading, decoding, collating)...
+    pub loader_min_busy_frac: f64,
+    /// ...or reading at least this many bytes per second.
+    pub loader_min_read_bytes_per_sec: u64,
+    /// DataLoading in the trainer itself (num_workers = 0): a trainer or
+    /// other ML thread reading at least this many bytes per second while its
+    /// GPU is not busy.
+    pub inproc_load_min_read_bytes_per_sec: u64,
+    /// OptimizerStep: trainer thread runnable at least this fraction of the
+    /// interval, with an idle GPU...
+    pub optimizer_min_busy_frac: f64,
+    /// ...and at most this many voluntary context switches per second.
+    pub optimizer_max_voluntary_per_sec: f64,
+    /// NcclCollective: a collective thread with at least this many voluntary
+    /// context switches per second (futex waits between spins)...
+    pub nccl_min_voluntary_per_sec: f64,
+    /// ...and runnable at least this fraction of the interval (spinning).
+    pub nccl_min_busy_frac: f64,
+}
+
+impl Default for PhaseConfig {
+    fn default() -> Self {
+        PhaseConfig {
+            phase_eval_interval_ms: 100,
+            phase_stability_count: 2,
+            gpu_busy_util_pct: 30,
+            gpu_idle_util_pct: 10,
+            loader_min_busy_frac: 0.2,
+            loader_min_read_bytes_per_sec: 1 << 20,
+            inproc_load_min_read_bytes_per_sec: 32 << 20,
+            optimizer_min_busy_frac: 0.6,
+            optimizer_max_voluntary_per_sec: 50.0,
+            nccl_min_voluntary_per_sec: 100.0,
+            nccl_min_busy_frac: 0.1,
+        }
+    }
+}
+
+impl PhaseConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        let frac = |key: &str, v: f64| {
+            if (0.0..=1.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("phase.{key} must be within 0.0..=1.0"))
+            }
+        };
+        if !(10..=60_000).contains(&self.phase_eval_interval_ms) {
+            return Err("phase.phase_eval_interval_ms must be within 10..=60000".into());
+        }
+        if self.phase_stability_count < 1 {
+            return Err("phase.phase_stability_count must be >= 1".into());
+        }
+        if self.phase_stability_count > 1000 {
+            return Err("phase.phase_stability_count must be <= 1000".into());
+        }
+        if !(1..=100).contains(&self.gpu_busy_util_pct) {
+            return Err("phase.gpu_busy_util_pct must be within 1..=100".into());
+        }
+        if self.gpu_idle_util_pct >= self.gpu_busy_util_pct {
+            return Err("phase.gpu_idle_util_pct must be < phase.gpu_busy_util_pct".into());
+        }
+        frac("loader_min_busy_frac", self.loader_min_busy_frac)?;
+        frac("optimizer_min_busy_frac", self.optimizer_min_busy_frac)?;
+        frac("nccl_min_busy_frac", self.nccl_min_busy_frac)?;
+        for (key, v) in [
+            ("optimizer_max_voluntary_per_sec", self.optimizer_max_voluntary_per_sec),
+            ("nccl_min_voluntary_per_sec", self.nccl_min_voluntary_per_sec),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(format!("phase.{key} must be a finite number >= 0"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A thread's adopted phase changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PhaseChange {
+    pub tid: i32,
+    pub tgid: i32,
+    /// Start time of the thread (USER_HZ ticks), for the BPF map entry.
+    pub start_ticks: u64,
+    pub from: Phase,
+    pub to: Phase,
+}
+
+/// Counters for stats, indexed by [`Phase::index`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PhaseStats {
+    /// Tracked (ML) threads currently in each phase.
+    pub threads: [u64; Phase::COUNT],
+    /// Transitions into each phase since start.
+    pub entered: [u64; Phase::COUNT],
+    /// All transitions since start.
+    pub transitions: u64,
+    /// Thread-time (ns) spent in each phase since start.
+    pub time_ns: [u64; Phase::COUNT],
+}
+
+impl PhaseStats {
+    /// Tracked threads currently in `phase`.
+    pub fn threads_in(&self, phase: Phase) -> u64 {
+        self.threads[phase.index()]
+    }
+
+    /// Transitions into `phase` since start.
+    pub fn entered(&self, phase: Phase) -> u64 {
+        self.entered[phase.index()]
+    }
+
+    /// Thread-time (ns) spent in `phase` since start.
+    pub fn time_ns(&self, phase: Phase) -> u64 {
+        self.time_ns[phase.index()]
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Track {
+    tgid: i32,
+    start_ticks: u64,
+    phase: Phase,
+    pending: Phase,
+    streak: u32,
+    seen: u64,
+}
+
+/// Tracks the phase of every ML thread.
+#[derive(Debug)]
+pub struct PhaseDetector {
+    cfg: PhaseConfig,
+    tracks: HashMap<i32, Track>,
+    stats: PhaseStats,
+    generation: u64,
+}
+
+impl PhaseDetector {
+    pub fn new(cfg: PhaseConfig) -> PhaseDetector {
+        PhaseDetector { cfg, tracks: HashMap::new(), stats: PhaseStats::default(), generation: 0 }
+    }
+
+    /// The adopted phase of a thread (Unknown when not tracked).
+    pub fn phase(&self, tid: i32) -> Phase {
+        self.tracks.get(&tid).map_or(Phase::Unknown, |t| t.phase)
+    }
+
+    pub fn stats(&self) -> &PhaseStats {
+        &self.stats
+    }
+
+    /// Number of tracked (ML) threads.
+    pub fn tracked(&self) -> usize {
+        self.tracks.len()
+    }
+
+    /// Drops a thread's state.
+    pub fn forget(&mut self, tid: i32) {
+        self.tracks.remove(&tid);
+    }
+
+    fn adopt(stats: &mut PhaseStats, tid: i32, t: &mut Track, to: Phase, out: &mut Vec<PhaseChange>) {
+        out.push(PhaseChange { tid, tgid: t.tgid, start_ticks: t.start_ticks, from: t.phase, to });
+        stats.entered[to.index()] += 1;
+        stats.transitions += 1;
+        t.phase = to;
+        t.streak = 0;
+    }
+
+    /// Feeds one snapshot; returns the phase changes it caused.
+    pub fn update(&mut self, snap: &Snapshot) -> Vec<PhaseChange> {
+        self.generation += 1;
+        let generation = self.generation;
+        let mut out = Vec::new();
+        for g in &snap.gone {
+            if self.tracks.get(&g.tid).is_some_and(|t| t.start_ticks == g.start_ticks) {
+                self.tracks.remove(&g.tid);
+            }
+        }
+        let need = self.cfg.phase_stability_count.max(1);
+        for t in &snap.threads {
+            if !t.ml {
+                // No longer ML (forced off, exec): back to Unknown at once.
+                if let Some(mut tr) = self.tracks.remove(&t.tid) {
+                    if tr.phase != Phase::Unknown && tr.start_ticks == t.start_ticks {
+                        Self::adopt(&mut self.stats, t.tid, &mut tr, Phase::Unknown, &mut out);
+                    }
+                }
+                continue;
+            }
+            let fresh = Track {
+                tgid: t.tgid,
+                start_ticks: t.start_ticks,
+                phase: Phase::Unknown,
+                pending: Phase::Unknown,
+                streak: 0,
+                seen: generation,
+            };
+            let tr = self.tracks.entry(t.tid).or_insert(fresh);
+            if tr.start_ticks != t.start_ticks {
+                *tr = fresh;
+            }
+            tr.seen = generation;
+            self.stats.time_ns[tr.phase.index()] += snap.interval_ns;
+            let Some(cand) = classify(t, snap.process_of(t), &self.cfg) else { continue };
+            if cand == tr.phase {
+                tr.streak = 0;
+                continue;
+            }
+            if cand == tr.pending && tr.streak > 0 {
+                tr.streak += 1;
+            } else {
+                tr.pending = cand;
+                tr.streak = 1;
+            }
+            if tr.streak >= need {
+                Self::adopt(&mut self.stats, t.tid, tr, cand, &mut out);
+            }
+        }
+        // Threads that vanished without being reported gone.
+        self.tracks.retain(|_, t| t.seen == generation);
+        self.stats.threads = [0; Phase::COUNT];
+        for t in self.tracks.values() {
+            self.stats.threads[t.phase.index()] += 1;
+        }
+        out
+    }
+}

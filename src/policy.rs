@@ -1,0 +1,182 @@
+//! Policy: from what is known of a thread to the decision the kernel applies.
+//!
+//! ```text
+//!   rule match ──(class, slice, cpu)──┐
+//!   phase ─────(policy table)─────────┼──> Decision { class, slice, cpu, node, preempt }
+//!   GPU's NUMA node ──────────────────┘
+//! ```
+//!
+//! The policy table maps each ML phase to a class (its priority), a latency
+//! target and a preempt flag. The slice is derived from the latency target:
+//! half of it, so that a runnable thread of the same class that has just
+//! been passed over runs again within the target. A rule gives the class;
+//! the phase then refines slice and preemption inside that class. A thread
+//! with neither a rule nor a known phase gets no decision (the kernel's
+//! default class applies and no map entry is spent on it).
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Class, SLICE_US_RANGE};
+use crate::phase::Phase;
+
+/// How one phase is scheduled.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PhasePolicy {
+    /// The class (priority) threads in this phase are queued in.
+    pub class: Class,
+    /// May a wakeup of such a thread preempt a CPU running a lower class?
+    pub preempt: bool,
+    /// How long such a thread may wait for a CPU, in microseconds; the slice
+    /// is half of it.
+    pub latency_target_us: u64,
+}
+
+/// `[policy]`: the phase table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// DataLoader workers reading and decoding: keep the input pipeline fed.
+    pub data_loading: PhasePolicy,
+    /// The thread launching GPU kernels: wake it at once, the GPU waits on it.
+    pub gpu_compute: PhasePolicy,
+    /// Collective progress threads: every rank waits on the slowest.
+    pub nccl_collective: PhasePolicy,
+    /// The CPU-bound optimizer step: throughput, longer slices.
+    pub optimizer_step: PhasePolicy,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            data_loading: PhasePolicy { class: Class::Ml, preempt: false, latency_target_us: 8000 },
+            gpu_compute: PhasePolicy { class: Class::Latency, preempt: true, latency_target_us: 2000 },
+            nccl_collective: PhasePolicy {
+                class: Class::Latency,
+                preempt: true,
+                latency_target_us: 1000,
+            },
+            optimizer_step: PhasePolicy {
+                class: Class::Ml,
+                preempt: false,
+                latency_target_us: 16000,
+            },
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// The policy of a phase; None for Unknown.
+    pub fn for_phase(&self, phase: Phase) -> Option<&PhasePolicy> {
+        match phase {
+            Phase::DataLoading => Some(&self.data_loading),
+            Phase::GpuCompute => Some(&self.gpu_compute),
+            Phase::NcclCollective => Some(&self.nccl_collective),
+            Phase::OptimizerStep => Some(&self.optimizer_step),
+            Phase::Unknown => None,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        for (key, p) in [
+            ("data_loading", &self.data_loading),
+            ("gpu_compute", &self.gpu_compute),
+            ("nccl_collective", &self.nccl_collective),
+            ("optimizer_step", &self.optimizer_step),
+        ] {
+            let lo = SLICE_US_RANGE.0 * 2;
+            if !(lo..=SLICE_US_RANGE.1).contains(&p.latency_target_us) {
+                return Err(format!(
+                    "policy.{key}.latency_target_us = {} is out of range {lo}..={}",
+                    p.latency_target_us, SLICE_US_RANGE.1
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a rule says about a thread (see [`crate::rules`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RuleVerdict {
+    pub class: Option<Class>,
+    pub slice_us: Option<u64>,
+    pub cpu: Option<i32>,
+}
+
+/// One thread's decision: exactly what is written to the task_class map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Decision {
+    pub class: Class,
+    /// 0 = the class default.
+    pub slice_ns: u64,
+    /// Preferred CPU, -1 = none.
+    pub cpu: i32,
+    /// Preferred NUMA node, -1 = none.
+    pub node: i32,
+    pub preempt: bool,
+}
+
+impl PolicyConfig {
+    /// The decision for a thread, or None when the kernel default applies.
+    pub fn decide(&self, rule: Option<&RuleVerdict>, phase: Phase, node: Option<usize>) -> Option<Decision> {
+        let pp = self.for_phase(phase);
+        if rule.is_none() && pp.is_none() {
+            return None;
+        }
+        let rule = rule.copied().unwrap_or_default();
+        let class = rule.class.or(pp.map(|p| p.class))?;
+        let slice_ns = match (rule.slice_us, pp) {
+            (Some(us), _) => us * 1000,
+            (None, Some(p)) => p.latency_target_us * 1000 / 2,
+            (None, None) => 0,
+        };
+        Some(Decision {
+            class,
+            slice_ns,
+            cpu: rule.cpu.unwrap_or(-1),
+            node: node.map_or(-1, |n| n as i32),
+            preempt: pp.is_some_and(|p| p.preempt),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_ml_phase_has_a_decision_and_unknown_has_none() {
+        let p = PolicyConfig::default();
+        assert_eq!(p.decide(None, Phase::Unknown, Some(1)), None);
+        let gc = p.decide(None, Phase::GpuCompute, None).unwrap();
+        assert_eq!((gc.class, gc.preempt, gc.slice_ns, gc.node), (Class::Latency, true, 1_000_000, -1));
+        let nc = p.decide(None, Phase::NcclCollective, Some(1)).unwrap();
+        assert_eq!((nc.class, nc.node), (Class::Latency, 1));
+        assert_eq!(p.decide(None, Phase::DataLoading, None).unwrap().class, Class::Ml);
+        let os = p.decide(None, Phase::OptimizerStep, None).unwrap();
+        assert_eq!((os.class, os.preempt, os.slice_ns), (Class::Ml, false, 8_000_000));
+    }
+
+    #[test]
+    fn rule_class_wins_and_phase_refines() {
+        let p = PolicyConfig::default();
+        let r = RuleVerdict { class: Some(Class::Batch), slice_us: None, cpu: Some(3) };
+        let d = p.decide(Some(&r), Phase::GpuCompute, None).unwrap();
+        assert_eq!((d.class, d.preempt, d.slice_ns, d.cpu), (Class::Batch, true, 1_000_000, 3));
+        let d = p.decide(Some(&r), Phase::Unknown, None).unwrap();
+        assert_eq!((d.class, d.preempt, d.slice_ns), (Class::Batch, false, 0));
+        let r = RuleVerdict { slice_us: Some(500), ..Default::default() };
+        let d = p.decide(Some(&r), Phase::DataLoading, None).unwrap();
+        assert_eq!((d.class, d.slice_ns), (Class::Ml, 500_000));
+        // A rule with neither class nor phase class gives no decision.
+        assert_eq!(p.decide(Some(&r), Phase::Unknown, None), None);
+    }
+
+    #[test]
+    fn latency_target_range_is_checked() {
+        let mut p = PolicyConfig::default();
+        p.optimizer_step.latency_target_us = 10;
+        assert!(p.validate().unwrap_err().contains("policy.optimizer_step.latency_target_us"));
+    }
+}

@@ -1,0 +1,174 @@
+//! Statistics: one derived struct ([`Metrics`]) served by scx_stats, printed
+//! by `--stats`, read by `--monitor`.
+//!
+//! ```text
+//!   BPF per-CPU counters ─┐
+//!   daemon counters ──────┼─> Metrics ──> scx_stats server (unix socket) ──> --monitor, --stats
+//!   phase detector ───────┘
+//! ```
+//!
+//! Counters are cumulative since attach; the printed line shows them as they
+//! are, so two samples give rates.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use scx_stats::prelude::*;
+use scx_stats_derive::{stat_doc, Stats};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Class;
+use crate::sched::Counters;
+
+#[stat_doc]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, Stats)]
+#[stat(top)]
+pub struct Metrics {
+    #[stat(desc = "Tasks queued in the latency class")]
+    pub latency_enqueued: u64,
+    #[stat(desc = "Tasks queued in the ml class")]
+    pub ml_enqueued: u64,
+    #[stat(desc = "Tasks queued in the normal class")]
+    pub normal_enqueued: u64,
+    #[stat(desc = "Tasks queued in the batch class")]
+    pub batch_enqueued: u64,
+    #[stat(desc = "Dispatches from the latency queues")]
+    pub latency_dispatched: u64,
+    #[stat(desc = "Dispatches from the ml queues")]
+    pub ml_dispatched: u64,
+    #[stat(desc = "Dispatches from the normal queues")]
+    pub normal_dispatched: u64,
+    #[stat(desc = "Dispatches from the batch queues")]
+    pub batch_dispatched: u64,
+    #[stat(desc = "Wakeups sent straight to an idle CPU (all classes)")]
+    pub direct: u64,
+    #[stat(desc = "Wakeups that preempted a lower class (all classes)")]
+    pub preempted: u64,
+    #[stat(desc = "Dispatches forced by the starvation bound (all classes)")]
+    pub starved: u64,
+    #[stat(desc = "Dispatches stolen from another NUMA node's queues")]
+    pub steals: u64,
+    #[stat(desc = "Enqueues that found no decision (default class)")]
+    pub map_misses: u64,
+    #[stat(desc = "Decisions dropped because their TID was recycled")]
+    pub map_stale: u64,
+    #[stat(desc = "Entries in the task_class map")]
+    pub map_entries: u64,
+    #[stat(desc = "Capacity of the task_class map")]
+    pub map_capacity: u64,
+    #[stat(desc = "Decisions written to the map")]
+    pub decisions_written: u64,
+    #[stat(desc = "Decisions not written because the map was full")]
+    pub map_full: u64,
+    #[stat(desc = "Threads observed in the last pass")]
+    pub threads: u64,
+    #[stat(desc = "Threads in ML processes")]
+    pub ml_threads: u64,
+    #[stat(desc = "Threads in the DataLoading phase")]
+    pub phase_data_loading: u64,
+    #[stat(desc = "Threads in the GpuCompute phase")]
+    pub phase_gpu_compute: u64,
+    #[stat(desc = "Threads in the NcclCollective phase")]
+    pub phase_nccl_collective: u64,
+    #[stat(desc = "Threads in the OptimizerStep phase")]
+    pub phase_optimizer_step: u64,
+    #[stat(desc = "Phase transitions since start")]
+    pub phase_transitions: u64,
+    #[stat(desc = "Duration of the last observer pass (us)")]
+    pub observe_pass_us: u64,
+    #[stat(desc = "Config reloads applied")]
+    pub reloads: u64,
+    #[stat(desc = "Config reloads rejected (old config kept)")]
+    pub reloads_rejected: u64,
+}
+
+impl Metrics {
+    /// Fills the kernel-side fields from the BPF counters.
+    pub fn set_counters(&mut self, c: &Counters) {
+        use crate::bpf_intf as i;
+        let sum = |stat: u32| Class::ALL.iter().map(|&k| c.get(k, stat as usize)).sum::<u64>();
+        let enq = i::zernel_class_stat_ZSTAT_ENQUEUED as usize;
+        let disp = i::zernel_class_stat_ZSTAT_DISPATCHED as usize;
+        self.latency_enqueued = c.get(Class::Latency, enq);
+        self.ml_enqueued = c.get(Class::Ml, enq);
+        self.normal_enqueued = c.get(Class::Normal, enq);
+        self.batch_enqueued = c.get(Class::Batch, enq);
+        self.latency_dispatched = c.get(Class::Latency, disp);
+        self.ml_dispatched = c.get(Class::Ml, disp);
+        self.normal_dispatched = c.get(Class::Normal, disp);
+        self.batch_dispatched = c.get(Class::Batch, disp);
+        self.direct = sum(i::zernel_class_stat_ZSTAT_DIRECT);
+        self.preempted = sum(i::zernel_class_stat_ZSTAT_PREEMPTED);
+        self.starved = sum(i::zernel_class_stat_ZSTAT_STARVED);
+        self.steals = c.global[i::zernel_global_stat_ZGSTAT_STEAL as usize];
+        self.map_misses = c.global[i::zernel_global_stat_ZGSTAT_MAP_MISS as usize];
+        self.map_stale = c.global[i::zernel_global_stat_ZGSTAT_MAP_STALE as usize];
+    }
+
+    pub fn format<W: Write>(&self, w: &mut W) -> Result<()> {
+        writeln!(
+            w,
+            "[zernel] enq lat/ml/nrm/bat {}/{}/{}/{} disp {}/{}/{}/{} | direct {} preempt {} starved {} steal {} | \
+             map {}/{} miss {} stale {} written {} full {}",
+            self.latency_enqueued,
+            self.ml_enqueued,
+            self.normal_enqueued,
+            self.batch_enqueued,
+            self.latency_dispatched,
+            self.ml_dispatched,
+            self.normal_dispatched,
+            self.batch_dispatched,
+            self.direct,
+            self.preempted,
+            self.starved,
+            self.steals,
+            self.map_entries,
+            self.map_capacity,
+            self.map_misses,
+            self.map_stale,
+            self.decisions_written,
+            self.map_full,
+        )?;
+        writeln!(
+            w,
+            "[zernel] threads {} ml {} | phase load/gpu/nccl/optim {}/{}/{}/{} transitions {} | pass {} us | reloads {} rejected {}",
+            self.threads,
+            self.ml_threads,
+            self.phase_data_loading,
+            self.phase_gpu_compute,
+            self.phase_nccl_collective,
+            self.phase_optimizer_step,
+            self.phase_transitions,
+            self.observe_pass_us,
+            self.reloads,
+            self.reloads_rejected,
+        )?;
+        Ok(())
+    }
+}
+
+/// The scx_stats server's description: one "top" op answering with Metrics.
+pub fn server_data() -> StatsServerData<(), Metrics> {
+    let open: Box<dyn StatsOpener<(), Metrics>> = Box::new(move |(req_ch, res_ch)| {
+        let read: Box<dyn StatsReader<(), Metrics>> = Box::new(move |_args, (req_ch, res_ch)| {
+            req_ch.send(())?;
+            res_ch.recv()?.to_json()
+        });
+        let _ = (req_ch, res_ch);
+        Ok(read)
+    });
+    StatsServerData::new().add_meta(Metrics::meta()).add_ops("top", StatsOps { open, close: None })
+}
+
+/// Prints the running scheduler's stats every `intv` (client side only).
+pub fn monitor(intv: Duration, shutdown: Arc<AtomicBool>) -> Result<()> {
+    scx_utils::monitor_stats::<Metrics>(
+        &[],
+        intv,
+        || shutdown.load(Ordering::Relaxed),
+        |m| m.format(&mut std::io::stdout()),
+    )
+}

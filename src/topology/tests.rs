@@ -1,0 +1,431 @@
+//! Tests against sysfs fixture trees built in a temp dir.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::*;
+
+/// A throw-away sysfs root; removed on drop.
+struct Fixture(PathBuf);
+
+impl Fixture {
+    fn new() -> Fixture {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "zernel-topo-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        Fixture(dir)
+    }
+
+    fn root(&self) -> &Path {
+        &self.0
+    }
+
+    fn write(&self, rel: &str, content: &str) -> &Self {
+        let path = self.0.join(rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, content).unwrap();
+        self
+    }
+
+    /// One cache level for `cpu`: `indexK/{level,type,id?,shared_cpu_list}`.
+    fn cache(&self, cpu: usize, index: u32, level: u32, ty: &str, id: Option<u32>, shared: &str) {
+        let d = format!("devices/system/cpu/cpu{cpu}/cache/index{index}");
+        self.write(&format!("{d}/level"), &format!("{level}\n"));
+        self.write(&format!("{d}/type"), &format!("{ty}\n"));
+        self.write(&format!("{d}/shared_cpu_list"), &format!("{shared}\n"));
+        if let Some(id) = id {
+            self.write(&format!("{d}/id"), &format!("{id}\n"));
+        }
+    }
+
+    fn pci(&self, bus_id: &str, vendor: &str, class: &str, numa_node: &str) -> &Self {
+        let d = format!("bus/pci/devices/{bus_id}");
+        self.write(&format!("{d}/vendor"), &format!("{vendor}\n"));
+        self.write(&format!("{d}/class"), &format!("{class}\n"));
+        self.write(&format!("{d}/numa_node"), &format!("{numa_node}\n"))
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// cpus 0-1 on node 0 sharing L3 id 7, cpus 2-3 on node 1 sharing L3 id 3; each CPU also has
+/// private L1d/L1i/L2 caches whose ids must not be mistaken for the LLC.
+fn two_node_machine() -> Fixture {
+    let fx = Fixture::new();
+    fx.write("devices/system/cpu/online", "0-3\n");
+    fx.write("devices/system/node/node0/cpulist", "0-1\n");
+    fx.write("devices/system/node/node1/cpulist", "2-3\n");
+    fx.write("devices/system/node/online", "0-1\n"); // not a nodeN dir: ignored
+    for cpu in 0..4 {
+        let cpu_s = cpu.to_string();
+        fx.cache(cpu, 0, 1, "Data", Some(cpu as u32), &cpu_s);
+        fx.cache(cpu, 1, 1, "Instruction", Some(cpu as u32), &cpu_s);
+        fx.cache(cpu, 2, 2, "Unified", Some(cpu as u32), &cpu_s);
+        let (l3, shared) = if cpu < 2 { (7, "0-1") } else { (3, "2-3") };
+        fx.cache(cpu, 3, 3, "Unified", Some(l3), shared);
+    }
+    fx
+}
+
+/// Two-node machine plus PCI devices, in a directory order unlike NVML's index order:
+/// - 0000:3b:00.0 NVIDIA 3D controller on node 1, local_cpulist 2-3
+/// - 0000:3b:00.1 NVIDIA HDMI audio (not a GPU)
+/// - 0000:5e:00.0 Intel NIC (not a GPU)
+/// - 0000:af:00.0 AMD VGA controller on node 0
+/// - 0000:d8:00.0 NVIDIA 3D controller, numa_node -1 (unknown)
+fn gpu_machine() -> Fixture {
+    let fx = two_node_machine();
+    fx.pci("0000:3b:00.0", "0x10de", "0x030200", "1")
+        .write("bus/pci/devices/0000:3b:00.0/local_cpulist", "2-3\n");
+    fx.pci("0000:3b:00.1", "0x10de", "0x040300", "1");
+    fx.pci("0000:5e:00.0", "0x8086", "0x020000", "0");
+    fx.pci("0000:af:00.0", "0x1002", "0x030000", "0");
+    fx.pci("0000:d8:00.0", "0x10de", "0x030200", "-1");
+    fx
+}
+
+/// NVML's device list for gpu_machine(): index order differs from directory order.
+const NVML_DEVICES: [(u32, &str); 3] = [
+    (0, "00000000:D8:00.0"),
+    (1, "00000000:3B:00.0"),
+    (2, "00000000:AF:00.0"),
+];
+
+fn pins(toml_text: &str) -> TopologyConfig {
+    toml::from_str(toml_text).unwrap()
+}
+
+#[test]
+fn two_nodes_two_llcs() {
+    let fx = two_node_machine();
+    let t = Topology::read(fx.root()).unwrap();
+    assert_eq!(t.nr_cpus(), 4);
+    assert_eq!(t.nodes(), vec![0, 1]);
+    assert_eq!(t.nr_nodes(), 2);
+    assert_eq!(t.node_cpus(0), &[0, 1]);
+    assert_eq!(t.node_cpus(1), &[2, 3]);
+    assert_eq!(t.node_cpus(2), &[] as &[usize]);
+    assert_eq!(
+        (0..4).map(|c| t.cpu_node(c).unwrap()).collect::<Vec<_>>(),
+        vec![0, 0, 1, 1]
+    );
+    // L3 ids 7 and 3 become dense 0 and 1, in order of their lowest CPU.
+    assert_eq!(t.nr_llcs(), 2);
+    assert_eq!(
+        (0..4).map(|c| t.cpu_llc(c).unwrap()).collect::<Vec<_>>(),
+        vec![0, 0, 1, 1]
+    );
+    assert_eq!(t.llc_cpus(1), vec![2, 3]);
+    assert_eq!(t.cpu_node(4), None);
+    assert_eq!(t.cpu_llc(4), None);
+    assert!(t.gpus().is_empty());
+}
+
+#[test]
+fn llc_from_shared_cpu_list_when_no_id() {
+    let fx = Fixture::new();
+    fx.write("devices/system/cpu/online", "0-5\n");
+    for cpu in 0..6 {
+        // Two LLCs interleaved: even CPUs share one, odd CPUs the other.
+        let shared = if cpu % 2 == 0 { "0,2,4" } else { "1,3,5" };
+        fx.cache(cpu, 0, 1, "Data", None, &cpu.to_string());
+        fx.cache(cpu, 3, 3, "Unified", None, shared);
+    }
+    let t = Topology::read(fx.root()).unwrap();
+    assert_eq!(t.nr_llcs(), 2);
+    assert_eq!(t.llc_cpus(0), vec![0, 2, 4]);
+    assert_eq!(t.llc_cpus(1), vec![1, 3, 5]);
+}
+
+#[test]
+fn no_numa_dir_is_one_node() {
+    let fx = Fixture::new();
+    fx.write("devices/system/cpu/online", "0-2\n");
+    for cpu in 0..3 {
+        fx.cache(cpu, 2, 2, "Unified", Some(0), "0-2");
+    }
+    let t = Topology::read(fx.root()).unwrap();
+    assert_eq!(t.nodes(), vec![0]);
+    assert_eq!(t.nr_nodes(), 1);
+    assert_eq!(t.node_cpus(0), &[0, 1, 2]);
+    assert_eq!(t.cpu_node(2), Some(0));
+    assert_eq!(t.nr_llcs(), 1);
+}
+
+#[test]
+fn memory_only_node_is_not_listed() {
+    let fx = two_node_machine();
+    fx.write("devices/system/node/node2/cpulist", "\n");
+    let t = Topology::read(fx.root()).unwrap();
+    assert_eq!(t.nodes(), vec![0, 1]);
+    assert_eq!(t.nr_nodes(), 2);
+}
+
+#[test]
+fn nr_nodes_covers_sparse_node_ids() {
+    // Node 1 is offline: node ids 0 and 2 need arrays of 3.
+    let fx = Fixture::new();
+    fx.write("devices/system/cpu/online", "0-1\n");
+    fx.write("devices/system/node/node0/cpulist", "0\n");
+    fx.write("devices/system/node/node2/cpulist", "1\n");
+    let t = Topology::read(fx.root()).unwrap();
+    assert_eq!(t.nodes(), vec![0, 2]);
+    assert_eq!(t.nr_nodes(), 3);
+    assert_eq!(t.cpu_node(1), Some(2));
+}
+
+#[test]
+fn garbage_and_missing_files_do_not_panic() {
+    let fx = Fixture::new();
+    // No cpu/online: the cpuN dirs are listed, and cpu1 is offline.
+    for cpu in 0..3 {
+        fx.write(&format!("devices/system/cpu/cpu{cpu}/online"), "1\n");
+    }
+    fx.write("devices/system/cpu/cpu1/online", "0\n");
+    fx.write("devices/system/cpu/cpufreq/x", "");
+    fx.write("devices/system/node/node0/cpulist", "zz\n");
+    fx.write("devices/system/node/node1/cpulist", "2\n");
+    fx.pci("0000:3b:00.0", "0x10de", "0x030200", "garbage");
+    fx.pci("not-an-address", "0x10de", "0x030200", "0");
+    fx.write("bus/pci/devices/0000:3c:00.0/vendor", "0x10de\n"); // no class
+    let t = Topology::read(fx.root()).unwrap();
+    assert_eq!(
+        t.cpus().iter().map(|c| c.id).collect::<Vec<_>>(),
+        vec![0, 2]
+    );
+    // node0's cpulist is garbage: cpu0 falls back to the lowest node, cpu2 is on node 1.
+    assert_eq!(t.cpu_node(0), Some(0));
+    assert_eq!(t.cpu_node(2), Some(1));
+    // No cache info: one LLC per node.
+    assert_eq!(t.nr_llcs(), 2);
+    assert_eq!(t.gpus().len(), 1);
+    assert_eq!(t.gpus()[0].numa_node, None);
+}
+
+#[test]
+fn no_cpu_is_an_error() {
+    let fx = Fixture::new();
+    assert!(Topology::read(fx.root()).is_err());
+    fx.write("devices/system/cpu/online", "\n");
+    assert!(Topology::read(fx.root()).is_err());
+}
+
+#[test]
+fn finds_nvidia_and_amd_gpus_only() {
+    let fx = gpu_machine();
+    let t = Topology::read(fx.root()).unwrap();
+    let found: Vec<(String, GpuVendor, u32, Option<usize>)> = t
+        .gpus()
+        .iter()
+        .map(|g| (g.addr.to_string(), g.vendor, g.class, g.numa_node))
+        .collect();
+    assert_eq!(
+        found,
+        vec![
+            (
+                "0000:3b:00.0".to_string(),
+                GpuVendor::Nvidia,
+                0x030200,
+                Some(1)
+            ),
+            (
+                "0000:af:00.0".to_string(),
+                GpuVendor::Amd,
+                0x030000,
+                Some(0)
+            ),
+            (
+                "0000:d8:00.0".to_string(),
+                GpuVendor::Nvidia,
+                0x030200,
+                None
+            ),
+        ]
+    );
+    assert_eq!(t.gpus()[0].local_cpus, vec![2, 3]);
+    assert!(t.gpus()[1].local_cpus.is_empty());
+}
+
+#[test]
+fn gpu_indices_come_from_the_device_list_not_directory_order() {
+    let fx = gpu_machine();
+    let mut t = Topology::read(fx.root()).unwrap();
+    // Without a device list no index is known.
+    assert_eq!(t.gpu_node(1), None);
+    t.set_gpu_devices(&NVML_DEVICES);
+    assert_eq!(t.gpu_addr(1).unwrap().to_string(), "0000:3b:00.0");
+    assert_eq!(t.gpu_node(0), None); // 0000:d8:00.0 reports numa_node -1
+    assert_eq!(t.gpu_node(1), Some(1)); // 0000:3b:00.0
+    assert_eq!(t.gpu_node(2), Some(0)); // 0000:af:00.0
+    assert_eq!(t.gpu_node(3), None);
+    // A later list replaces the earlier one; an unparsable bus id is skipped.
+    t.set_gpu_devices(&[
+        (0, "00000000:AF:00.0".to_string()),
+        (1, "bogus".to_string()),
+    ]);
+    assert_eq!(t.gpu_node(0), Some(0));
+    assert_eq!(t.gpu_node(1), None);
+}
+
+#[test]
+fn config_pins_unknown_gpu_and_wins_over_sysfs() {
+    let fx = gpu_machine();
+    let mut t = Topology::read(fx.root()).unwrap();
+    t.set_gpu_devices(&NVML_DEVICES);
+    // GPU 0 (numa_node -1) pinned by bus id in NVML spelling; GPU 2 (sysfs: node 0) by index.
+    let cfg =
+        pins(r#"gpu_node = [{ bus_id = "00000000:D8:00.0", node = 1 }, { gpu = 2, node = 1 }]"#);
+    t.apply_config(&cfg).unwrap();
+    assert_eq!(t.gpu_node(0), Some(1));
+    assert_eq!(t.gpu_node(1), Some(1));
+    assert_eq!(t.gpu_node(2), Some(1));
+    // An index pin wins over a bus-id pin for the same GPU.
+    let cfg = pins(r#"gpu_node = [{ bus_id = "0000:d8:00.0", node = 1 }, { gpu = 0, node = 0 }]"#);
+    t.apply_config(&cfg).unwrap();
+    assert_eq!(t.gpu_node(0), Some(0));
+}
+
+#[test]
+fn vm_without_gpu_gets_node_from_config_alone() {
+    let fx = two_node_machine();
+    let mut t = Topology::read(fx.root()).unwrap();
+    assert_eq!(t.gpu_node(0), None);
+    t.apply_config(&pins("gpu_node = [{ gpu = 0, node = 1 }]"))
+        .unwrap();
+    assert_eq!(t.gpu_node(0), Some(1));
+    assert_eq!(t.preferred_node_for_gpus(&[0]), Some(1));
+    assert_eq!(t.gpu_node(1), None);
+}
+
+#[test]
+fn preferred_node_is_first_gpu_with_known_node() {
+    let fx = gpu_machine();
+    let mut t = Topology::read(fx.root()).unwrap();
+    t.set_gpu_devices(&NVML_DEVICES);
+    assert_eq!(t.preferred_node_for_gpus(&[0, 2, 1]), Some(0)); // GPU 0 unknown, GPU 2 on 0
+    assert_eq!(t.preferred_node_for_gpus(&[1, 2]), Some(1));
+    assert_eq!(t.preferred_node_for_gpus(&[0, 9]), None);
+    assert_eq!(t.preferred_node_for_gpus(&[]), None);
+}
+
+#[test]
+fn validate_names_the_key() {
+    let fx = two_node_machine();
+    let mut t = Topology::read(fx.root()).unwrap();
+    let err = |text: &str| pins(text).validate(&t).unwrap_err();
+    assert!(err("gpu_node = [{ gpu = 0, node = 2 }]").starts_with("topology.gpu_node[0].node = 2"));
+    assert!(
+        err(r#"gpu_node = [{ gpu = 0, node = 0 }, { bus_id = "3b:00.0", node = 1 }]"#)
+            .starts_with("topology.gpu_node[1].bus_id")
+    );
+    assert!(
+        err(r#"gpu_node = [{ gpu = 0, bus_id = "0000:3b:00.0", node = 1 }]"#)
+            .contains("exactly one of `gpu` or `bus_id`")
+    );
+    assert!(err("gpu_node = [{ node = 1 }]").starts_with("topology.gpu_node[0]:"));
+    assert!(
+        err("gpu_node = [{ gpu = 1, node = 0 }, { gpu = 1, node = 1 }]")
+            .contains("already pinned by gpu_node[0]")
+    );
+    assert!(err(
+        r#"gpu_node = [{ bus_id = "0000:3b:00.0", node = 0 }, { bus_id = "00000000:3B:00.0", node = 1 }]"#
+    )
+    .starts_with("topology.gpu_node[1].bus_id"));
+    assert_eq!(TopologyConfig::default().validate(&t), Ok(()));
+    // A rejected config leaves the earlier pins in place.
+    t.apply_config(&pins("gpu_node = [{ gpu = 0, node = 1 }]"))
+        .unwrap();
+    assert!(t
+        .apply_config(&pins("gpu_node = [{ gpu = 0, node = 7 }]"))
+        .is_err());
+    assert_eq!(t.gpu_node(0), Some(1));
+}
+
+#[test]
+fn config_rejects_unknown_keys_and_defaults_to_empty() {
+    assert_eq!(pins(""), TopologyConfig::default());
+    assert!(toml::from_str::<TopologyConfig>("gpu_nodes = []").is_err());
+    assert!(toml::from_str::<TopologyConfig>("gpu_node = [{ gpu = 0, node = 1, x = 2 }]").is_err());
+    assert!(toml::from_str::<TopologyConfig>("gpu_node = [{ gpu = 0 }]").is_err());
+    let cfg = pins(r#"gpu_node = [{ gpu = 3, node = 1 }, { bus_id = "0000:3b:00.0", node = 0 }]"#);
+    assert_eq!(
+        cfg.gpu_node[0],
+        GpuNodePin {
+            gpu: Some(3),
+            bus_id: None,
+            node: 1
+        }
+    );
+    assert_eq!(cfg.gpu_node[1].bus_id.as_deref(), Some("0000:3b:00.0"));
+    // Serialising (as `--dump-config` might) gives back the same config.
+    assert_eq!(pins(&toml::to_string(&cfg).unwrap()), cfg);
+}
+
+#[test]
+fn cpulist_parser() {
+    assert_eq!(
+        parse_cpulist("0-3,8,10-11\n"),
+        Ok(vec![0, 1, 2, 3, 8, 10, 11])
+    );
+    assert_eq!(parse_cpulist("5"), Ok(vec![5]));
+    assert_eq!(parse_cpulist("\n"), Ok(vec![]));
+    assert_eq!(parse_cpulist("2,0-1,1"), Ok(vec![0, 1, 2]));
+    assert!(parse_cpulist("3-1").is_err());
+    assert!(parse_cpulist("a-b").is_err());
+    assert!(parse_cpulist("0-4294967295").is_err());
+}
+
+#[test]
+fn pci_addr_normalises_nvml_and_sysfs_spellings() {
+    let nvml: PciAddr = "00000000:3B:00.0".parse().unwrap();
+    let sysfs: PciAddr = "0000:3b:00.0\n".parse().unwrap();
+    assert_eq!(nvml, sysfs);
+    assert_eq!(nvml.to_string(), "0000:3b:00.0");
+    assert_eq!(
+        "0001:AF:1f.7".parse::<PciAddr>().unwrap().to_string(),
+        "0001:af:1f.7"
+    );
+    assert_ne!("0001:3b:00.0".parse::<PciAddr>().unwrap(), sysfs);
+    for bad in [
+        "",
+        "3b:00.0",
+        "0000:3b:00",
+        "0000:3b:20.0",
+        "0000:3b:00.8",
+        "0000:3bb:00.0",
+        "x",
+    ] {
+        assert!(bad.parse::<PciAddr>().is_err(), "{bad:?} parsed");
+    }
+}
+
+#[test]
+fn reads_this_machine() {
+    if !Path::new("/sys/devices/system/cpu/online").exists() {
+        return;
+    }
+    let t = Topology::read(Path::new(SYSFS_ROOT)).unwrap();
+    assert!(t.nr_cpus() >= 1);
+    assert!(t.nr_llcs() >= 1);
+    for cpu in t.cpus() {
+        assert!(t.node_cpus(cpu.node).contains(&cpu.id));
+        assert!(cpu.llc < t.nr_llcs());
+    }
+    assert_eq!(
+        t.nodes()
+            .iter()
+            .map(|&n| t.node_cpus(n).len())
+            .sum::<usize>(),
+        t.nr_cpus()
+    );
+}

@@ -1,0 +1,159 @@
+//! Live test of the observer and the phase detector on this host: runs
+//! `zernel-workload train` (with the file GPU provider) next to a plain
+//! shell busy loop, and checks that each of the four ML phases is detected
+//! on the thread that does that work, and nowhere else. Needs neither root
+//! nor sched_ext.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use scx_zernel::gpu::{FileProvider, GpuProvider};
+use scx_zernel::observe::{MlEvidence, ObserveConfig, Observer, ThreadRole};
+use scx_zernel::phase::{Phase, PhaseConfig, PhaseDetector};
+
+/// Kills and reaps a child on drop, so a failing assertion leaves nothing behind.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What we saw of one thread.
+#[derive(Default, Debug)]
+struct Seen {
+    comm: String,
+    tgid: i32,
+    phases: BTreeSet<Phase>,
+    timeline: String,
+}
+
+#[test]
+fn four_phases_on_the_right_threads_and_a_hog_stays_unknown() {
+    let dir = TempDir(std::env::temp_dir().join(format!("zernel-observe-live-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let gpu_file = dir.0.join("gpu.json");
+    let train = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_zernel-workload"))
+            .args(["train", "--secs", "40", "--workers", "2", "--gpu-file"])
+            .arg(&gpu_file)
+            .arg("--data-dir")
+            .arg(dir.0.join("data"))
+            .env_remove("RANK")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("starting zernel-workload"),
+    );
+    let hog = Reaped(
+        Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .env_remove("RANK")
+            .env_remove("LOCAL_RANK")
+            .env_remove("WORLD_SIZE")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .spawn()
+            .expect("starting sh"),
+    );
+    let (train_pid, hog_pid) = (train.0.id() as i32, hog.0.id() as i32);
+
+    let mut observer = Observer::new(&ObserveConfig::default());
+    let mut gpu = FileProvider::new(gpu_file);
+    let phase_cfg = PhaseConfig::default();
+    let period = Duration::from_millis(phase_cfg.phase_eval_interval_ms);
+    let mut detector = PhaseDetector::new(phase_cfg);
+    let mut seen: BTreeMap<i32, Seen> = BTreeMap::new();
+    let mut workers: BTreeSet<i32> = BTreeSet::new();
+    let mut hog_checked = 0;
+
+    let start = Instant::now();
+    let done = |seen: &BTreeMap<i32, Seen>, workers: &BTreeSet<i32>| {
+        let has = |pred: &dyn Fn(&Seen) -> bool, p| seen.values().any(|s| pred(s) && s.phases.contains(&p));
+        has(&|s| s.comm == "pt_main_thread", Phase::GpuCompute)
+            && has(&|s| s.comm == "pt_main_thread", Phase::OptimizerStep)
+            && has(&|s| s.comm == "NCCL Progress 0", Phase::NcclCollective)
+            && has(&|s| workers.contains(&s.tgid), Phase::DataLoading)
+    };
+    while start.elapsed() < Duration::from_secs(35) {
+        let pass = Instant::now();
+        gpu.refresh();
+        let snap = observer.poll(&gpu);
+        detector.update(&snap);
+        for p in &snap.processes {
+            if p.ppid == train_pid {
+                workers.insert(p.pid);
+            }
+        }
+        for t in &snap.threads {
+            let ours = t.tgid == train_pid || workers.contains(&t.tgid) || t.tgid == hog_pid;
+            if !ours {
+                continue;
+            }
+            let phase = detector.phase(t.tid);
+            let s = seen.entry(t.tid).or_default();
+            s.comm = t.comm.to_string();
+            s.tgid = t.tgid;
+            s.phases.insert(phase);
+            s.timeline.push(match phase {
+                Phase::DataLoading => 'L',
+                Phase::GpuCompute => 'G',
+                Phase::NcclCollective => 'N',
+                Phase::OptimizerStep => 'O',
+                Phase::Unknown => '.',
+            });
+            if t.tgid == hog_pid {
+                let p = snap.process_of(t);
+                assert!(!p.ml, "the shell loop is not ML: {}", p.evidence);
+                assert_eq!(t.role, ThreadRole::NonMl);
+                hog_checked += 1;
+            }
+            if t.tgid == train_pid && t.tid == train_pid && t.comm.as_ref() == "pt_main_thread" {
+                let p = snap.process_of(t);
+                assert!(p.ml && p.evidence.contains(MlEvidence::ENV_RANK), "trainer evidence: {}", p.evidence);
+                assert_eq!(t.role, ThreadRole::Trainer);
+            }
+            if workers.contains(&t.tgid) && t.comm.as_ref() == "pt_multiprocess" {
+                assert!(snap.process_of(t).loader_process);
+                assert_eq!(t.role, ThreadRole::DataLoader);
+            }
+        }
+        if done(&seen, &workers) && hog_checked >= 30 {
+            break;
+        }
+        std::thread::sleep(period.saturating_sub(pass.elapsed()));
+    }
+
+    let report: String = seen
+        .iter()
+        .map(|(tid, s)| format!("  {tid:>7} {:<16} (tgid {}) {}\n", s.comm, s.tgid, s.timeline))
+        .collect();
+    eprintln!("phases per thread (L=loading G=gpu N=nccl O=optimizer .=unknown):\n{report}");
+    assert!(done(&seen, &workers), "not every phase was detected on its thread:\n{report}");
+    assert!(hog_checked >= 30, "the shell loop was observed {hog_checked} times");
+
+    for (tid, s) in &seen {
+        let only = |phase: Phase, ok: bool| {
+            assert!(!s.phases.contains(&phase) || ok, "{phase} on the wrong thread {tid} {}:\n{report}", s.comm);
+        };
+        let trainer_main = s.comm == "pt_main_thread";
+        only(Phase::GpuCompute, trainer_main);
+        only(Phase::OptimizerStep, trainer_main);
+        only(Phase::NcclCollective, s.comm == "NCCL Progress 0");
+        only(Phase::DataLoading, workers.contains(&s.tgid));
+        if s.tgid == hog_pid {
+            assert_eq!(s.phases, BTreeSet::from([Phase::Unknown]), "the shell loop stays Unknown");
+        }
+    }
+    assert!(workers.len() >= 2, "both DataLoader workers seen: {workers:?}");
+}

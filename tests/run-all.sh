@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# run-all.sh - the test command: unit tests on the host, end-to-end cases in VMs.
+#
+#   tests/run-all.sh [--install] [--unit-only | --vm-only] [-v] [CASE...]
+#
+#   --install     first run scripts/setup-deps.sh (implied when CI=true)
+#   --unit-only   only `cargo test --release`
+#   --vm-only     only the VM cases
+#   CASE...       only these VM cases (names from tests/vm/cases/, with or
+#                 without .sh); implies --vm-only
+#   -v            stream every case's guest output (and the kernel console)
+#
+# Stages:
+#   unit  `cargo test --release`: unit and host tests. Release, so the VM stage
+#         reuses the same build.
+#   vm    `cargo build --release --bins`, then every tests/vm/cases/*.sh in a VM
+#         of its own (tests/vm/vmrun.sh). A case states its VM in a header line,
+#         e.g. `# vm: --smp 4 --numa` or `# vm: --smp 2 --mem 1G --timeout 300`.
+#         The guest gets scx_zernel and zernel-workload in /usr/local/bin,
+#         stress-ng, cyclictest, tests/vm and configs/; the case runs from the
+#         repository root as `sh tests/vm/cases/NAME.sh`.
+# Each stage item prints `PASS name (Ns)` or `FAIL name (Ns)`, failures with
+# their output; the last line is `N passed, N failed`. Exit status 1 if
+# anything failed. Guest output and kernel console of every case are kept in
+# target/vm-logs/.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 2
+CASEDIR=tests/vm/cases
+LOGDIR=$ROOT/target/vm-logs
+CASE_TIMEOUT=300   # default per-case limit; a case's header may override it
+
+INSTALL=0 UNIT=1 VM=1 VERBOSE=0 SELECTED=()
+[ "${CI:-}" = true ] && INSTALL=1
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case $1 in
+    --install) INSTALL=1 ;;
+    --unit-only) VM=0 ;;
+    --vm-only) UNIT=0 ;;
+    -v|--verbose) VERBOSE=1 ;;
+    -h|--help) usage; exit 0 ;;
+    -*) echo "run-all: unknown option '$1'" >&2; usage >&2; exit 2 ;;
+    *) SELECTED+=("$1") ;;
+  esac
+  shift
+done
+if [ ${#SELECTED[@]} -gt 0 ]; then UNIT=0 VM=1; fi
+
+# The cases to run, checked before anything slow happens.
+CASES=()
+if (( VM )); then
+  if [ ${#SELECTED[@]} -eq 0 ]; then
+    CASES=("$CASEDIR"/*.sh)
+    [ -e "${CASES[0]}" ] || { echo "run-all: no cases in $CASEDIR" >&2; exit 2; }
+  fi
+  for c in "${SELECTED[@]}"; do
+    c=$(basename "$c" .sh)
+    [ -f "$CASEDIR/$c.sh" ] || { echo "run-all: no case '$c' in $CASEDIR" >&2; exit 2; }
+    CASES+=("$CASEDIR/$c.sh")
+  done
+fi
+
+# rustup puts cargo in ~/.cargo/bin, which a non-login shell (CI) may lack.
+if ! command -v cargo >/dev/null && [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
+  PATH=${CARGO_HOME:-$HOME/.cargo}/bin:$PATH
+fi
+
+if (( INSTALL )); then
+  if [ "$(id -u)" = 0 ]; then scripts/setup-deps.sh
+  else sudo -n scripts/setup-deps.sh; fi || { echo "run-all: scripts/setup-deps.sh failed" >&2; exit 1; }
+fi
+
+PASSED=0 FAILED=0 SUMMARY=()
+# result PASS|FAIL NAME SECONDS [LOGFILE]
+result() {
+  local line="$1 $2 ($3s)"
+  if [ "$1" = PASS ]; then PASSED=$((PASSED + 1)); else FAILED=$((FAILED + 1)); fi
+  SUMMARY+=("$line")
+  echo "$line"
+  if [ "$1" = FAIL ] && [ -n "${4:-}" ] && (( ! VERBOSE )); then sed 's/^/    | /' "$4"; fi
+}
+
+# ---- unit stage ---------------------------------------------------------------------
+if (( UNIT )); then
+  echo "=== unit: cargo test --release"
+  t0=$SECONDS
+  if cargo test --release; then result PASS unit $((SECONDS - t0))
+  else result FAIL unit $((SECONDS - t0)); fi
+  UNIT_TIME=$((SECONDS - t0))
+fi
+
+# ---- VM stage ---------------------------------------------------------------------------
+run_case() {
+  local f=$1 name opts log rc t0
+  name=$(basename "$f" .sh)
+  log=$LOGDIR/$name.log
+  # The first `# vm:` line holds the case's VM options.
+  opts=$(sed -n 's/^# vm:[[:space:]]*//p' "$f" | head -n1)
+  local vmopts=()
+  read -r -a vmopts <<<"$opts"
+  echo "=== vm: $name (${opts:-default VM})"
+  t0=$SECONDS
+  local cmd=(tests/vm/vmrun.sh --timeout "$CASE_TIMEOUT" "${vmopts[@]}"
+             --console "$LOGDIR/$name.console" -e RUST_BACKTRACE=1)
+  (( VERBOSE )) && cmd+=(-v)
+  cmd+=(--add "${ADDS[@]}" -- sh "$f")
+  if (( VERBOSE )); then "${cmd[@]}" 2>&1 | tee "$log"; rc=${PIPESTATUS[0]}
+  else "${cmd[@]}" >"$log" 2>&1; rc=$?; fi
+  if [ "$rc" -eq 0 ]; then result PASS "$name" $((SECONDS - t0))
+  else
+    case $rc in 124) echo "    (timed out)" >>"$log" ;; 125) echo "    (VM failed to boot or died)" >>"$log" ;; esac
+    result FAIL "$name" $((SECONDS - t0)) "$log"
+  fi
+}
+
+if (( VM )) && [ ${#CASES[@]} -gt 0 ]; then
+  echo "=== vm: cargo build --release --bins"
+  t_vm=$SECONDS
+  mkdir -p "$LOGDIR"
+  if ! cargo build --release --bins; then
+    result FAIL build $((SECONDS - t_vm))
+  else
+    BUILD_TIME=$((SECONDS - t_vm))
+    # Everything a case may run, at the paths it expects in the guest.
+    ADDS=("$ROOT/target/release/scx_zernel=/usr/local/bin/scx_zernel"
+          "$ROOT/target/release/zernel-workload=/usr/local/bin/zernel-workload"
+          "$ROOT/tests/vm")
+    [ -d "$ROOT/configs" ] && ADDS+=("$ROOT/configs")
+    tools_ok=1
+    for t in stress-ng cyclictest; do
+      if p=$(command -v $t); then ADDS+=("$p")
+      else echo "run-all: $t not found (scripts/setup-deps.sh installs it)" >&2; tools_ok=0; fi
+    done
+    if (( tools_ok )); then
+      for f in "${CASES[@]}"; do run_case "$f"; done
+    else
+      result FAIL vm-tools 0
+    fi
+  fi
+  VM_TIME=$((SECONDS - t_vm))
+fi
+
+# ---- summary ------------------------------------------------------------------------------
+echo
+echo "=== summary"
+[ -n "${UNIT_TIME:-}" ] && echo "unit stage: ${UNIT_TIME}s"
+[ -n "${VM_TIME:-}" ] && echo "vm stage: ${VM_TIME}s (build ${BUILD_TIME:-?}s); logs in ${LOGDIR#"$ROOT"/}/"
+for s in "${SUMMARY[@]}"; do echo "$s"; done
+echo "$PASSED passed, $FAILED failed"
+[ "$FAILED" -eq 0 ] && [ "$PASSED" -gt 0 ]

@@ -1,0 +1,197 @@
+# guest-lib.sh - helpers for the VM test cases in tests/vm/cases/.
+#
+# Sourced inside the guest by busybox sh (ash: no bash features), as the first
+# thing a case does:
+#     . "$(dirname "$0")/../guest-lib.sh"
+#
+# Checks print one TAP-like line each, "ok - DESC" or "not ok - DESC (detail)";
+# `finish` prints "N passed, N failed" and exits 1 if any check failed (or none
+# ran). The daemon helpers start scx_zernel in the background and follow the
+# kernel's sched_ext state in /sys/kernel/sched_ext.
+#
+#   zernel_start CONFIG [ARGS...]   start `scx_zernel --config CONFIG ARGS`,
+#                                   wait <= 30 s until attached; sets ZPID
+#   zernel_stop [SIGNAL]            signal it (TERM), reap it into ZRC, wait
+#                                   <= 10 s for state `disabled`
+#   sched_state, ops_name           the kernel's view
+#   check / assert_true DESC CMD... assert_eq DESC GOT WANT
+#   assert_ge DESC A B, assert_gt DESC A B (integers)
+#   wait_until SECS CMD...          poll CMD every 0.2 s until it succeeds
+#   zcounter CLASS STAT, zcounter_sum STAT, zglobal NAME, ztask TID FIELD
+#                                   values from `scx_zernel inspect`
+#   tids_by_comm NAME               TIDs of all threads whose comm is NAME
+#   alive PID                       PID exists and is not a zombie
+#   dmesg_new, dmesg_clean          kernel log since the case started
+#   finish
+
+ZLOG=/tmp/zernel.log    # the daemon's stdout+stderr
+ZPID=""                 # the running daemon, set by zernel_start
+ZRC=""                  # its exit status, set by zernel_stop
+_zpass=0 _zfail=0 _zlog_shown=0
+
+# Seconds since boot, with hundredths (the kernel log's clock).
+uptime_s() { cut -d' ' -f1 /proc/uptime; }
+
+# Kernel log lines are judged from here on: boot itself logs lines such as
+# "NMI watchdog: Perf NMI watchdog permanently disabled" that say nothing about
+# the scheduler. Timestamps rather than a line count survive ring-buffer wrap.
+_zt0=$(uptime_s)
+
+# ---- reporting -------------------------------------------------------------------
+_ok() { _zpass=$((_zpass + 1)); echo "ok - $1"; }
+_notok() { _zfail=$((_zfail + 1)); echo "not ok - $1${2:+ ($2)}"; }
+
+# check DESC CMD... : passes when CMD exits 0 (CMD's own output is shown).
+check() {
+  _d=$1; shift
+  if "$@"; then _ok "$_d"; else _notok "$_d" "exit $?: $*"; fi
+}
+assert_true() { check "$@"; }
+
+# assert_eq DESC GOT WANT : string equality.
+assert_eq() {
+  if [ "$2" = "$3" ]; then _ok "$1"; else _notok "$1" "got '$2', want '$3'"; fi
+}
+
+_is_int() { case $1 in '' | - | *[!0-9-]* | ?*-*) return 1 ;; esac; }
+_int_cmp() {   # _int_cmp ge|gt DESC A B
+  if ! _is_int "$3" || ! _is_int "$4"; then _notok "$2" "not integers: '$3' -$1 '$4'"; return; fi
+  if case $1 in ge) [ "$3" -ge "$4" ] ;; gt) [ "$3" -gt "$4" ] ;; esac; then _ok "$2"
+  else _notok "$2" "got $3, want -$1 $4"; fi
+}
+# assert_ge DESC A B : A >= B ; assert_gt DESC A B : A > B (integers).
+assert_ge() { _int_cmp ge "$@"; }
+assert_gt() { _int_cmp gt "$@"; }
+
+# wait_until SECS CMD... : true as soon as CMD succeeds, false after SECS.
+wait_until() {
+  _n=$(($1 * 5)); shift
+  while [ "$_n" -gt 0 ]; do
+    "$@" && return 0
+    sleep 0.2; _n=$((_n - 1))
+  done
+  "$@"
+}
+
+# ---- kernel state ------------------------------------------------------------------
+sched_state() { cat /sys/kernel/sched_ext/state 2>/dev/null; }
+ops_name() { cat /sys/kernel/sched_ext/root/ops 2>/dev/null; }
+_zernel_attached() {
+  [ "$(sched_state)" = enabled ] && case $(ops_name) in zernel*) true ;; *) false ;; esac
+}
+
+# alive PID : the process exists and is not a zombie. (kill -0 succeeds on a
+# zombie, so it cannot tell that an unreaped child has exited.)
+alive() {
+  _st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+  [ -n "$_st" ] && [ "$_st" != Z ] && [ "$_st" != X ]
+}
+
+# ---- the daemon -------------------------------------------------------------------
+# zernel_start CONFIG [ARGS...]
+zernel_start() {
+  _cfg=$1; shift
+  _t=$(uptime_s)
+  scx_zernel --config "$_cfg" "$@" >"$ZLOG" 2>&1 &
+  ZPID=$!
+  ZRC=""
+  _n=150   # 30 s in 0.2 s steps
+  while [ $_n -gt 0 ]; do
+    if _zernel_attached; then
+      _ok "scx_zernel attached ($(awk -v a="$_t" -v b="$(uptime_s)" 'BEGIN { printf "%.1f s", b - a }'))"
+      return 0
+    fi
+    alive "$ZPID" || break
+    sleep 0.2; _n=$((_n - 1))
+  done
+  if alive "$ZPID"; then kill -KILL "$ZPID" 2>/dev/null; fi
+  wait "$ZPID"; ZRC=$?
+  _notok "scx_zernel attached" "state=$(sched_state) ops='$(ops_name)' exit=$ZRC"
+  echo "--- $ZLOG"; cat "$ZLOG"; echo "---"
+  ZPID="" _zlog_shown=1
+  return 1
+}
+
+# zernel_stop [SIGNAL] : SIGNAL defaults to TERM. Returns 1 if the daemon had to
+# be killed or the state did not come back to `disabled`.
+zernel_stop() {
+  _sig=${1:-TERM} _r=0
+  if [ -z "$ZPID" ]; then echo "zernel_stop: no daemon running"; ZRC=""; return 1; fi
+  kill "-$_sig" "$ZPID" 2>/dev/null
+  _n=100   # 20 s to shut down
+  while alive "$ZPID" && [ $_n -gt 0 ]; do sleep 0.2; _n=$((_n - 1)); done
+  if alive "$ZPID"; then
+    echo "zernel_stop: scx_zernel still running 20 s after SIG$_sig; sending KILL"
+    kill -KILL "$ZPID"; _r=1
+  fi
+  # Only this PID: a bare `wait` would also wait for every other background job.
+  wait "$ZPID"; ZRC=$?
+  ZPID=""
+  _n=50    # 10 s for the kernel to finish disabling
+  while [ "$(sched_state)" != disabled ] && [ $_n -gt 0 ]; do sleep 0.2; _n=$((_n - 1)); done
+  if [ "$(sched_state)" != disabled ]; then
+    echo "zernel_stop: sched_ext state is '$(sched_state)' 10 s after scx_zernel exited"; _r=1
+  fi
+  return $_r
+}
+
+# ---- scx_zernel inspect ------------------------------------------------------------
+# zcounter CLASS STAT : e.g. `zcounter batch enqueued`; empty if unavailable.
+zcounter() {
+  scx_zernel inspect 2>/dev/null | awk -v c="$1" -v s="$2" '$1 == "counter" && $2 == c && $3 == s { print $4 }'
+}
+# zcounter_sum STAT : STAT summed over the four classes; empty if any is missing.
+zcounter_sum() {
+  scx_zernel inspect 2>/dev/null | awk -v s="$1" '$1 == "counter" && $3 == s { n++; sum += $4 }
+    END { if (n == 4) print sum }'
+}
+# zglobal NAME : e.g. `zglobal map_hit`.
+zglobal() {
+  scx_zernel inspect 2>/dev/null | awk -v n="$1" '$1 == "global" && $2 == n { print $3 }'
+}
+# ztask TID FIELD : e.g. `ztask 123 class`; empty if the map has no entry.
+ztask() {
+  scx_zernel inspect --tid "$1" 2>/dev/null | tr ' ' '\n' | awk -F= -v f="$2" '$1 == f { print substr($0, length(f) + 2) }'
+}
+
+# tids_by_comm NAME : TIDs (one a line) of every thread whose comm is NAME.
+tids_by_comm() {
+  for _c in /proc/[0-9]*/task/[0-9]*/comm; do
+    [ "$(cat "$_c" 2>/dev/null)" = "$1" ] && basename "$(dirname "$_c")"
+  done
+  return 0
+}
+
+# ---- kernel log --------------------------------------------------------------------
+# dmesg_new : kernel log lines logged since this case started.
+dmesg_new() {
+  dmesg | awk -v t0="$_zt0" '{ ts = $0; sub(/^\[ */, "", ts); sub(/\].*/, "", ts); if (ts + 0 >= t0) print }'
+}
+
+# dmesg_clean : true when the kernel logged no sign of trouble since the case
+# started: BUG/WARNING splats, oopses, lockups, RCU or sched_ext stalls, watchdog
+# reports, or a BPF scheduler that was disabled for an error rather than by its
+# own exit. Everything logged in that window happened while the scheduler was
+# under test, so a splat anywhere in the kernel counts. The offending lines are
+# printed.
+dmesg_clean() {
+  _bad=$(dmesg_new | grep -E 'BUG|WARNING|Oops|stall|watchdog|lockup|hung task|sched_ext: .*(error|disabled \((runtime|scx_bpf|runnable))')
+  [ -z "$_bad" ] && return 0
+  echo "$_bad"
+  return 1
+}
+
+# ---- the end -------------------------------------------------------------------------
+# finish : summary line; exit 1 if any check failed. On failure it also shows the
+# daemon's log and the kernel log since the case started.
+finish() {
+  [ $((_zpass + _zfail)) -gt 0 ] || _notok "the case ran at least one check"
+  if [ $_zfail -gt 0 ]; then
+    if [ -s "$ZLOG" ] && [ $_zlog_shown = 0 ]; then echo "--- $ZLOG (last 40 lines)"; tail -n 40 "$ZLOG"; fi
+    echo "--- kernel log since the case started (last 40 lines)"; dmesg_new | tail -n 40
+    echo "---"
+  fi
+  echo "$_zpass passed, $_zfail failed"
+  [ $_zfail -eq 0 ] || exit 1
+  exit 0
+}

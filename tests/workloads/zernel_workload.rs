@@ -1,0 +1,574 @@
+//! `zernel-workload`: processes that behave like an ML training job (or
+//! like the background noise around one), for scx_zernel's tests and
+//! benchmarks. std + libc only.
+//!
+//! ```text
+//! zernel-workload train --gpu-file PATH --secs S [--workers N] [--data-dir DIR]
+//!                 [--compute-ms 500] [--allreduce-ms 400] [--optim-ms 400]
+//!                 [--decode-ms 500] [--kernel-ms 20] [--no-env]
+//! zernel-workload hog --name NAME --secs S [--threads N]
+//! zernel-workload threads --count N --secs S [--wake-ms 1000] [--ml]
+//! ```
+//!
+//! # train
+//!
+//! ```text
+//!  pt_multiprocess ×N  read a data file, decode (CPU) ──4 KiB batch──┐ pipe (8 KiB:
+//!  (forked workers)                                                  │  prefetch 2)
+//!  pt_main_thread  <──────────────────────────────────────────────────┘
+//!    per step:  wait for a batch
+//!               compute:   submit 20 ms "kernels" to fake_gpu, wait on a condvar
+//!               all-reduce: wake "NCCL Progress 0", wait on a condvar
+//!               optimizer: spin on the CPU, GPU idle
+//!  fake_gpu        runs kernels (sleeps), writes the GPU file: util 100 while a
+//!                  kernel or the all-reduce runs, 0 after 5 ms without work
+//!  NCCL Progress 0 during the all-reduce: spin 2 ms, futex-wait 1 ms, repeat
+//!  pt_nccl_watchdg wakes every 100 ms
+//! ```
+//! The trainer re-executes itself with RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 in
+//! its environment (the ML evidence a launcher would give it) unless those
+//! are set already or --no-env is given. The GPU file uses the format of
+//! scx_zernel's file GPU provider, with the trainer as the GPU process.
+//! At the end it prints one line:
+//!
+//! ```text
+//! zernel-workload train steps=7 secs=10.02 steps_per_sec=0.699 loader_wait_p99_ms=0.8 gpu_busy_frac=0.634 workers=2
+//! ```
+//!
+//! # hog
+//! N threads (the main one included) named NAME spinning on the CPU.
+//!
+//! # threads
+//! A process with N mostly idle threads (`idle_<i>`), each waking every
+//! --wake-ms (±25 %) to do a few µs of work; with --ml it carries the rank
+//! environment (an ML process). Prints `zernel-workload threads ready N`
+//! once all threads exist.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+const BATCH: usize = 4096;
+const RANK_ENV: [(&str, &str); 3] = [("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")];
+
+fn usage() -> ! {
+    eprintln!(
+        "usage:\n  zernel-workload train --gpu-file PATH --secs S [--workers N] [--data-dir DIR] \
+[--compute-ms MS] [--allreduce-ms MS] [--optim-ms MS] [--decode-ms MS] [--kernel-ms MS] [--no-env]\n  \
+zernel-workload hog --name NAME --secs S [--threads N]\n  \
+zernel-workload threads --count N --secs S [--wake-ms MS] [--ml]"
+    );
+    std::process::exit(2)
+}
+
+/// `--key value` options and `--flag`s.
+struct Opts(HashMap<String, Option<String>>);
+
+impl Opts {
+    fn parse(args: &[String], flags: &[&str]) -> Opts {
+        let mut map = HashMap::new();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            let Some(key) = a.strip_prefix("--") else { usage() };
+            if flags.contains(&key) {
+                map.insert(key.to_string(), None);
+            } else {
+                let Some(v) = it.next() else { usage() };
+                map.insert(key.to_string(), Some(v.clone()));
+            }
+        }
+        Opts(map)
+    }
+
+    fn str(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.as_deref())
+    }
+
+    fn num(&self, key: &str, default: u64) -> u64 {
+        match self.str(key) {
+            None => default,
+            Some(v) => v.parse().unwrap_or_else(|_| {
+                eprintln!("--{key}: not a number: {v}");
+                usage()
+            }),
+        }
+    }
+
+    fn flag(&self, key: &str) -> bool {
+        self.0.contains_key(key)
+    }
+}
+
+/// Names the calling thread (comm, at most 15 bytes).
+fn set_name(name: &str) {
+    let mut bytes: Vec<u8> = name.bytes().filter(|&b| b != 0).take(15).collect();
+    bytes.push(0);
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, bytes.as_ptr() as libc::c_ulong, 0, 0, 0);
+    }
+}
+
+/// Re-executes this program with the rank environment unless it is set.
+fn ensure_rank_env() {
+    if std::env::var_os("RANK").is_some() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else { return };
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(std::env::args_os().skip(1));
+    for (k, v) in RANK_ENV {
+        cmd.env(k, v);
+    }
+    let err = cmd.exec();
+    eprintln!("zernel-workload: re-exec with the rank environment failed: {err}");
+}
+
+/// Burns CPU until `until`.
+fn spin_until(until: Instant) -> u64 {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    while Instant::now() < until {
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+        }
+    }
+    std::hint::black_box(x)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(mode) = args.get(1) else { usage() };
+    let rest = &args[2..];
+    match mode.as_str() {
+        "train" => train(&Opts::parse(rest, &["no-env"])),
+        "hog" => hog(&Opts::parse(rest, &[])),
+        "threads" => threads(&Opts::parse(rest, &["ml"])),
+        _ => usage(),
+    }
+}
+
+// ------------------------------------------------------------------ hog ----
+
+fn hog(o: &Opts) {
+    let Some(name) = o.str("name").map(str::to_string) else { usage() };
+    let secs = o.num("secs", 10);
+    let n = o.num("threads", 1).max(1);
+    let until = Instant::now() + Duration::from_secs(secs);
+    set_name(&name);
+    let handles: Vec<_> = (1..n)
+        .map(|_| {
+            let name = name.clone();
+            std::thread::spawn(move || {
+                set_name(&name);
+                spin_until(until)
+            })
+        })
+        .collect();
+    spin_until(until);
+    for h in handles {
+        let _ = h.join();
+    }
+}
+
+// -------------------------------------------------------------- threads ----
+
+fn threads(o: &Opts) {
+    if o.flag("ml") {
+        ensure_rank_env();
+    }
+    let Some(count) = o.str("count").and_then(|c| c.parse::<usize>().ok()) else { usage() };
+    let secs = o.num("secs", 10);
+    let wake = Duration::from_millis(o.num("wake-ms", 1000).max(1));
+    let until = Instant::now() + Duration::from_secs(secs);
+    let mut handles = Vec::with_capacity(count);
+    for i in 0..count {
+        let h = std::thread::Builder::new().stack_size(64 << 10).spawn(move || {
+            set_name(&format!("idle_{i}"));
+            let mut x = i as u64;
+            // ±25 % jitter so the pool does not wake in lockstep.
+            let period = wake.mul_f64(0.75 + (i % 50) as f64 / 100.0);
+            while Instant::now() < until {
+                std::thread::sleep(period.min(until.saturating_duration_since(Instant::now())));
+                for _ in 0..100 {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                }
+            }
+            std::hint::black_box(x);
+        });
+        match h {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                eprintln!("zernel-workload: thread {i}: {e}");
+                break;
+            }
+        }
+    }
+    println!("zernel-workload threads ready {}", handles.len());
+    let _ = std::io::stdout().flush();
+    for h in handles {
+        let _ = h.join();
+    }
+}
+
+// ---------------------------------------------------------------- train ----
+
+/// The fake GPU: a kernel queue served by one thread, and the GPU file.
+struct Gpu {
+    state: Mutex<GpuState>,
+    cv: Condvar,
+    file: PathBuf,
+    pid: u32,
+}
+
+#[derive(Default)]
+struct GpuState {
+    queue: VecDeque<Duration>,
+    submitted: u64,
+    done: u64,
+    /// An all-reduce keeps the GPU busy (NCCL kernels).
+    held: bool,
+    busy_since: Option<Instant>,
+    busy_total: Duration,
+    stop: bool,
+}
+
+impl Gpu {
+    fn publish(&self, util: u32) {
+        let text = format!(
+            "{{\"devices\":[{{\"index\":0,\"uuid\":\"GPU-zernel-fake-0\",\"pci_bus_id\":\"00000000:00:00.0\",\"util\":{util}}}],\
+\"processes\":[{{\"pid\":{},\"device\":0,\"sm_util\":{util}}}]}}\n",
+            self.pid
+        );
+        let tmp = self.file.with_extension(format!("tmp.{}", self.pid));
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, &self.file);
+        }
+    }
+
+    fn set_busy(&self, st: &mut GpuState, busy: bool) {
+        match (busy, st.busy_since) {
+            (true, None) => {
+                st.busy_since = Some(Instant::now());
+                self.publish(100);
+            }
+            (false, Some(since)) => {
+                st.busy_total += since.elapsed();
+                st.busy_since = None;
+                self.publish(0);
+            }
+            _ => {}
+        }
+    }
+
+    /// The GPU thread: runs kernels; idles 5 ms after the last one.
+    fn run(&self) {
+        set_name("fake_gpu");
+        let mut st = self.state.lock().unwrap();
+        loop {
+            if st.stop {
+                return;
+            }
+            if let Some(k) = st.queue.pop_front() {
+                self.set_busy(&mut st, true);
+                drop(st);
+                std::thread::sleep(k);
+                st = self.state.lock().unwrap();
+                st.done += 1;
+                self.cv.notify_all();
+                continue;
+            }
+            if st.busy_since.is_some() && !st.held {
+                let (g, timeout) = self.cv.wait_timeout(st, Duration::from_millis(5)).unwrap();
+                st = g;
+                if timeout.timed_out() && st.queue.is_empty() && !st.held {
+                    self.set_busy(&mut st, false);
+                }
+            } else {
+                st = self.cv.wait(st).unwrap();
+            }
+        }
+    }
+
+    /// Launches one kernel (a short CPU burst) and waits for it.
+    fn launch_and_wait(&self, k: Duration) {
+        spin_until(Instant::now() + Duration::from_micros(200));
+        let mut st = self.state.lock().unwrap();
+        st.queue.push_back(k);
+        st.submitted += 1;
+        let mine = st.submitted;
+        self.cv.notify_all();
+        while st.done < mine {
+            st = self.cv.wait(st).unwrap();
+        }
+    }
+
+    fn hold(&self, held: bool) {
+        let mut st = self.state.lock().unwrap();
+        st.held = held;
+        if held {
+            self.set_busy(&mut st, true);
+        }
+        self.cv.notify_all();
+    }
+}
+
+/// The collective thread's work order.
+#[derive(Default)]
+struct Collective {
+    state: Mutex<(Option<Duration>, bool, bool)>, // (request, done, stop)
+    cv: Condvar,
+    /// Never signalled: waiting on it is a plain futex wait with a timeout.
+    idle_cv: Condvar,
+}
+
+impl Collective {
+    fn run(&self) {
+        let lock = Mutex::new(());
+        let mut st = self.state.lock().unwrap();
+        loop {
+            if st.2 {
+                return;
+            }
+            let Some(dur) = st.0.take() else {
+                st = self.cv.wait(st).unwrap();
+                continue;
+            };
+            drop(st);
+            let until = Instant::now() + dur;
+            while Instant::now() < until {
+                spin_until((Instant::now() + Duration::from_millis(2)).min(until));
+                let g = lock.lock().unwrap();
+                let _ = self.idle_cv.wait_timeout(g, Duration::from_millis(1)).unwrap();
+            }
+            st = self.state.lock().unwrap();
+            st.1 = true;
+            self.cv.notify_all();
+        }
+    }
+
+    fn all_reduce(&self, dur: Duration) {
+        let mut st = self.state.lock().unwrap();
+        *st = (Some(dur), false, false);
+        self.cv.notify_all();
+        while !st.1 {
+            st = self.cv.wait(st).unwrap();
+        }
+    }
+
+    fn stop(&self) {
+        self.state.lock().unwrap().2 = true;
+        self.cv.notify_all();
+    }
+}
+
+fn make_data(dir: &Path) -> Vec<PathBuf> {
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| {
+        eprintln!("zernel-workload: {}: {e}", dir.display());
+        std::process::exit(1)
+    });
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    (0..8)
+        .map(|i| {
+            let p = dir.join(format!("shard-{i}.bin"));
+            if std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0) != 256 << 10 {
+                let data: Vec<u8> = (0..256 << 10)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x as u8
+                    })
+                    .collect();
+                std::fs::write(&p, data).expect("writing a data shard");
+            }
+            p
+        })
+        .collect()
+}
+
+/// A DataLoader worker: read a shard, decode it for `decode`, send a batch.
+fn worker(fd: libc::c_int, files: &[PathBuf], decode: Duration, id: usize) -> ! {
+    set_name("pt_multiprocess");
+    // SAFETY: plain libc calls on values we own.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    let mut data = Vec::new();
+    let mut n = id;
+    loop {
+        data.clear();
+        if let Ok(mut f) = File::open(&files[n % files.len()]) {
+            let _ = f.read_to_end(&mut data);
+        }
+        n += 1;
+        // "Decode": checksum passes over the shard until the budget is spent.
+        let until = Instant::now() + decode;
+        let mut sum: u64 = 0xcbf2_9ce4_8422_2325;
+        while Instant::now() < until {
+            for &b in data.iter().take(16 << 10) {
+                sum = (sum ^ b as u64).wrapping_mul(0x100_0000_01b3);
+            }
+        }
+        let mut batch = [0u8; BATCH];
+        batch[..8].copy_from_slice(&sum.to_le_bytes());
+        // SAFETY: writing our own buffer to our own pipe.
+        let w = unsafe { libc::write(fd, batch.as_ptr() as *const libc::c_void, BATCH) };
+        if w != BATCH as isize {
+            // SAFETY: leaving the forked child without running the parent's destructors.
+            unsafe { libc::_exit(0) };
+        }
+    }
+}
+
+fn read_batch(fd: libc::c_int) -> bool {
+    let mut buf = [0u8; BATCH];
+    let mut got = 0;
+    while got < BATCH {
+        // SAFETY: reading into our own buffer.
+        let n = unsafe { libc::read(fd, buf[got..].as_mut_ptr() as *mut libc::c_void, BATCH - got) };
+        if n <= 0 {
+            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return false;
+        }
+        got += n as usize;
+    }
+    true
+}
+
+fn train(o: &Opts) {
+    if !o.flag("no-env") {
+        ensure_rank_env();
+    }
+    let Some(gpu_file) = o.str("gpu-file").map(PathBuf::from) else { usage() };
+    let secs = o.num("secs", 10);
+    let workers = o.num("workers", 2).clamp(1, 64) as usize;
+    let ms = |k, d| Duration::from_millis(o.num(k, d));
+    let (compute, allreduce, optim) = (ms("compute-ms", 500), ms("allreduce-ms", 400), ms("optim-ms", 400));
+    let (decode, kernel) = (ms("decode-ms", 500), ms("kernel-ms", 20).max(Duration::from_millis(1)));
+    let pid = std::process::id();
+    let data_dir = o
+        .str("data-dir")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("zernel-workload-{pid}")));
+    let files = make_data(&data_dir);
+    set_name("pt_main_thread");
+
+    // Workers are forked before any thread exists.
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe writes two fds into the array.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        eprintln!("zernel-workload: pipe: {}", std::io::Error::last_os_error());
+        std::process::exit(1);
+    }
+    // Room for two batches: a prefetch factor of 2.
+    // SAFETY: fcntl on our pipe.
+    unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, 2 * BATCH as libc::c_int) };
+    let mut children = Vec::new();
+    for id in 0..workers {
+        // SAFETY: single-threaded here; the child only runs `worker`.
+        match unsafe { libc::fork() } {
+            0 => {
+                // SAFETY: closing the child's copy of the read end.
+                unsafe { libc::close(fds[0]) };
+                worker(fds[1], &files, decode, id)
+            }
+            -1 => eprintln!("zernel-workload: fork: {}", std::io::Error::last_os_error()),
+            child => children.push(child),
+        }
+    }
+    // SAFETY: the parent only reads.
+    unsafe { libc::close(fds[1]) };
+
+    let gpu = Arc::new(Gpu { state: Mutex::new(GpuState::default()), cv: Condvar::new(), file: gpu_file, pid });
+    gpu.publish(0);
+    let nccl = Arc::new(Collective::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+        std::thread::Builder::new().name(name.to_string()).spawn(f).expect("spawning a thread")
+    };
+    let g = gpu.clone();
+    let gpu_thread = spawn("fake_gpu", Box::new(move || g.run()));
+    let n = nccl.clone();
+    let nccl_thread = spawn("NCCL Progress 0", Box::new(move || n.run()));
+    let s = stop.clone();
+    let watchdog = spawn(
+        "pt_nccl_watchdg",
+        Box::new(move || {
+            while !s.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }),
+    );
+    println!("zernel-workload train ready pid={pid} workers={workers}");
+    let _ = std::io::stdout().flush();
+
+    let start = Instant::now();
+    let until = start + Duration::from_secs(secs);
+    let mut loader_waits = Vec::new();
+    let mut steps = 0u64;
+    while Instant::now() < until {
+        let t = Instant::now();
+        if !read_batch(fds[0]) {
+            break;
+        }
+        loader_waits.push(t.elapsed());
+        let end = Instant::now() + compute;
+        while Instant::now() < end {
+            gpu.launch_and_wait(kernel);
+        }
+        gpu.hold(true);
+        nccl.all_reduce(allreduce);
+        gpu.hold(false);
+        // Optimizer: CPU-bound, the GPU goes idle 5 ms in.
+        spin_until(Instant::now() + optim);
+        steps += 1;
+    }
+    let elapsed = start.elapsed();
+
+    stop.store(true, Ordering::Relaxed);
+    nccl.stop();
+    {
+        let mut st = gpu.state.lock().unwrap();
+        st.stop = true;
+        gpu.set_busy(&mut st, false);
+        gpu.cv.notify_all();
+    }
+    for h in [gpu_thread, nccl_thread, watchdog] {
+        let _ = h.join();
+    }
+    // SAFETY: closing our read end and reaping our children.
+    unsafe {
+        libc::close(fds[0]);
+        for &c in &children {
+            libc::kill(c, libc::SIGTERM);
+            libc::waitpid(c, std::ptr::null_mut(), 0);
+        }
+    }
+    if o.str("data-dir").is_none() {
+        let _ = std::fs::remove_dir_all(&data_dir);
+    }
+
+    loader_waits.sort();
+    let p99 = loader_waits
+        .get(((loader_waits.len() as f64 * 0.99).ceil() as usize).saturating_sub(1))
+        .copied()
+        .unwrap_or_default();
+    let busy = gpu.state.lock().unwrap().busy_total;
+    let secs_f = elapsed.as_secs_f64();
+    println!(
+        "zernel-workload train steps={steps} secs={secs_f:.2} steps_per_sec={:.3} loader_wait_p99_ms={:.1} gpu_busy_frac={:.3} workers={workers}",
+        steps as f64 / secs_f.max(1e-9),
+        p99.as_secs_f64() * 1e3,
+        busy.as_secs_f64() / secs_f.max(1e-9),
+    );
+}
