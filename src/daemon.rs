@@ -11,11 +11,12 @@
 //!   SIGINT/SIGTERM ─> detach ─> exit 0;  BPF-side exit ─> UEI report ─> exit 1
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::mem::MaybeUninit;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
@@ -124,6 +125,7 @@ pub struct Pipeline {
     detector: PhaseDetector,
     /// Rule verdict per thread, evaluated when it appears or is renamed.
     matched: HashMap<u32, Option<crate::rules::Match>>,
+    decided: Vec<(u32, u64, Decision)>,
 }
 
 impl Pipeline {
@@ -137,6 +139,7 @@ impl Pipeline {
             topo,
             cfg,
             matched: HashMap::new(),
+            decided: Vec::new(),
         })
     }
 
@@ -166,48 +169,70 @@ impl Pipeline {
         Ok(())
     }
 
-    /// One pass: observe, match rules, detect phases, decide.
-    /// Returns the snapshot and the decision for every thread that has one.
-    pub fn pass(&mut self) -> (Snapshot, Vec<(u32, u64, Decision)>) {
+    /// One pass: observe, match rules, detect phases, decide. Afterwards
+    /// [`snapshot`](Self::snapshot) and [`decisions`](Self::decisions) hold
+    /// what was seen and decided.
+    pub fn pass(&mut self) {
         self.gpu.refresh();
+        // GPU index -> PCI address (-> NUMA node) from the provider's own list.
+        let devices: Vec<(u32, &str)> = self.gpu.devices().iter().map(|d| (d.index, d.pci_bus_id.as_str())).collect();
+        self.topo.set_gpu_devices(&devices);
         let snap = self.observer.poll(self.gpu.as_ref());
         for g in &snap.gone {
             self.matched.remove(&(g.tid as u32));
         }
         // Rules: only for threads that are new, renamed, or whose process
         // exec'd or moved (and for all after a reload, which clears the cache).
+        let mut forced = Vec::new();
         for t in &snap.threads {
             let p = snap.process_of(t);
             let tid = t.tid as u32;
             if !t.changes.is_empty() || !p.changes.is_empty() || !self.matched.contains_key(&tid) {
                 let m = self.rules.first_match(&identity(p, &t.comm));
-                // `ml = true` rules make the process ML (effective next pass).
                 if t.tid == p.pid {
-                    let force = m.is_some_and(|m| m.ml).then_some(true);
-                    self.observer.set_forced_ml(p.pid, force);
+                    forced.push((p.pid, m.is_some_and(|m| m.ml).then_some(true)));
                 }
                 self.matched.insert(tid, m);
             }
         }
-        self.detector.update(&snap);
-        let mut out = Vec::new();
+        self.detector.update(snap);
+        self.decided.clear();
         for t in &snap.threads {
             let tid = t.tid as u32;
             let verdict = self.matched.get(&tid).and_then(|m| m.as_ref()).map(|m| m.verdict);
             let phase = self.detector.phase(t.tid);
             let node = if t.ml { self.topo.preferred_node_for_gpus(&snap.process_of(t).gpu.devices) } else { None };
-            if let Some(d) = self.cfg.policy.decide(verdict.as_ref(), phase, node) {
-                out.push((tid, t.start_ticks, d));
+            if let Some(d) = self.cfg.policy.decide(verdict.as_ref(), phase, node, self.cfg.scheduler.default_class) {
+                self.decided.push((tid, t.start_ticks, d));
             }
         }
-        (snap, out)
+        // `ml = true` rules make the process ML (effective next pass).
+        for (pid, force) in forced {
+            self.observer.set_forced_ml(pid, force);
+        }
+    }
+
+    /// What the last pass saw.
+    pub fn snapshot(&self) -> &Snapshot {
+        self.observer.snapshot()
+    }
+
+    /// (tid, start time, decision) of every thread the last pass decided on.
+    pub fn decisions(&self) -> &[(u32, u64, Decision)] {
+        &self.decided
     }
 
     pub fn phase(&self, tid: i32) -> Phase {
         self.detector.phase(tid)
     }
 
-    pub fn fill_metrics(&self, snap: &Snapshot, m: &mut Metrics) {
+    /// The rule that matched a thread when it was last evaluated, if any.
+    pub fn rule_match(&self, tid: u32) -> Option<&crate::rules::Match> {
+        self.matched.get(&tid).and_then(|m| m.as_ref())
+    }
+
+    pub fn fill_metrics(&self, m: &mut Metrics) {
+        let snap = self.snapshot();
         let s = self.detector.stats();
         m.threads = snap.threads.len() as u64;
         m.ml_threads = snap.threads.iter().filter(|t| t.ml).count() as u64;
@@ -228,9 +253,9 @@ impl Decisions {
     /// Writes what changed; forgets what is gone. Returns (written, full).
     fn apply(&mut self, sched: &Scheduler, snap: &Snapshot, decided: &[(u32, u64, Decision)]) -> (u64, u64) {
         let (mut written, mut full) = (0, 0);
-        let mut live: HashMap<u32, ()> = HashMap::with_capacity(decided.len());
+        let mut live: HashSet<u32> = HashSet::with_capacity(decided.len());
         for (tid, start, d) in decided {
-            live.insert(*tid, ());
+            live.insert(*tid);
             if self.held.get(tid) == Some(&(*start, *d)) {
                 continue;
             }
@@ -243,20 +268,27 @@ impl Decisions {
                 Err(e) => sched::warn_write(*tid, &e),
             }
         }
-        // Threads that vanished or lost their decision (phase back to Unknown).
-        let gone: Vec<u32> = self.held.keys().filter(|t| !live.contains_key(t)).copied().collect();
-        for tid in gone {
-            self.held.remove(&tid);
-            if !snap.gone.iter().any(|g| g.tid as u32 == tid) {
-                sched.remove(tid);
+        // Threads that vanished (exit_task already deleted their entry) or
+        // lost their decision (phase back to Unknown: delete it).
+        let exited: HashSet<u32> = snap.gone.iter().map(|g| g.tid as u32).collect();
+        self.held.retain(|tid, _| {
+            let keep = live.contains(tid);
+            if !keep && !exited.contains(tid) {
+                sched.remove(*tid);
             }
-        }
+            keep
+        });
         (written, full)
     }
 }
 
 /// Runs the scheduler until SIGINT/SIGTERM (Ok) or a BPF-side exit (Err).
-pub fn run(source: &Source, stats_every: Option<f64>, shutdown: Arc<AtomicBool>) -> Result<()> {
+pub fn run(
+    source: &Source,
+    stats_every: Option<f64>,
+    metrics_addr: Option<SocketAddr>,
+    shutdown: Arc<AtomicBool>,
+) -> Result<()> {
     let cfg = source.load()?;
     sched::check_kernel()?;
     let mut topo = Topology::read(Path::new("/sys")).context("reading the CPU topology from /sys")?;
@@ -265,11 +297,21 @@ pub fn run(source: &Source, stats_every: Option<f64>, shutdown: Arc<AtomicBool>)
     let reload = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone()).context("installing SIGHUP")?;
 
+    // OpenMetrics: started once, survives restarts; `serve` publishes each pass.
+    let published = match metrics_addr {
+        Some(addr) => {
+            let current = Arc::new(Mutex::new(Metrics::default()));
+            crate::metrics::serve(addr, current.clone())?;
+            Some(current)
+        }
+        None => None,
+    };
+
     let mut open_object = MaybeUninit::uninit();
     let mut pipeline = Pipeline::new(cfg, topo.clone())?;
     loop {
         let mut sched = Scheduler::init(&pipeline.cfg.scheduler, &topo, &mut open_object)?;
-        let bpf_exited = serve(&mut sched, &mut pipeline, source, stats_every, &shutdown, &reload)?;
+        let bpf_exited = serve(&mut sched, &mut pipeline, source, stats_every, published.as_ref(), &shutdown, &reload)?;
         let uei = sched.shutdown()?;
         if uei.should_restart() {
             info!("the BPF scheduler asked for a restart");
@@ -289,6 +331,7 @@ fn serve(
     pipeline: &mut Pipeline,
     source: &Source,
     stats_every: Option<f64>,
+    published: Option<&Arc<Mutex<Metrics>>>,
     shutdown: &AtomicBool,
     reload: &AtomicBool,
 ) -> Result<bool> {
@@ -329,17 +372,20 @@ fn serve(
             }
         }
 
-        let (snap, decided) = pipeline.pass();
-        let (written, full) = decisions.apply(sched, &snap, &decided);
+        pipeline.pass();
+        let (written, full) = decisions.apply(sched, pipeline.snapshot(), pipeline.decisions());
         metrics.decisions_written += written;
         metrics.map_full += full;
         if full > 0 && metrics.map_full == full {
             warn!("task_class map is full ({} entries): some threads keep the default class", sched.map_capacity());
         }
-        pipeline.fill_metrics(&snap, &mut metrics);
+        pipeline.fill_metrics(&mut metrics);
         metrics.set_counters(&sched.counters()?);
         metrics.map_entries = decisions.held.len() as u64;
         metrics.map_capacity = sched.map_capacity() as u64;
+        if let Some(p) = published {
+            *p.lock().unwrap_or_else(|e| e.into_inner()) = metrics.clone();
+        }
 
         if let Some(secs) = stats_every {
             if last_print.elapsed().as_secs_f64() >= secs {

@@ -1,16 +1,17 @@
 //! scx_zernel: command line, logging and the restart loop. The work is in
 //! the library (src/lib.rs and its modules).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use log::error;
 
 use scx_zernel::daemon::{self, Mode};
-use scx_zernel::inspect;
+use scx_zernel::{inspect, observe_cmd, stats};
 
 /// scx_zernel: an ML-aware sched_ext scheduler.
 ///
@@ -26,6 +27,13 @@ use scx_zernel::inspect;
 /// --config the built-in defaults apply (print them with --dump-config).
 /// SIGHUP or an edit of the config file reloads rules and policy without
 /// detaching; an invalid new file is rejected and the old one stays.
+///
+/// Operating it: --stats prints the statistics while running, --monitor
+/// SECS prints those of a running instance (from another shell, attaching
+/// nothing), --metrics-addr serves them to Prometheus, --help-stats
+/// describes each one. `scx_zernel observe` shows, without root or
+/// sched_ext, which threads it would treat as ML, their phases and the
+/// decisions it would make.
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
 struct Cli {
@@ -44,6 +52,22 @@ struct Cli {
     /// Print statistics every SECS seconds while running.
     #[arg(long, value_name = "SECS")]
     stats: Option<f64>,
+
+    /// Print the statistics of the running scheduler every SECS seconds and
+    /// exit on SIGINT. A client only: attaches nothing, waits for the
+    /// scheduler if it is not running yet.
+    #[arg(long, value_name = "SECS")]
+    monitor: Option<f64>,
+
+    /// Describe every statistic (name, type, meaning) and exit.
+    #[arg(long)]
+    help_stats: bool,
+
+    /// Serve OpenMetrics at http://ADDR/metrics (e.g. 127.0.0.1:9093); off
+    /// by default. Counters are named zernel_<stat>_total, levels
+    /// zernel_<stat> (see --help-stats).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<SocketAddr>,
 
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, default_value = "info", value_name = "LEVEL")]
@@ -67,6 +91,23 @@ enum Command {
         #[arg(long)]
         tid: Option<u32>,
     },
+    /// Show what the scheduler would do, attaching nothing (no root needed).
+    ///
+    /// Lists every ML process and thread with its role, its phase and the
+    /// decision it would get (class, slice, CPU, node, preempt), plus the
+    /// threads of other processes that rules match. Runs on any Linux, with
+    /// or without sched_ext; what it cannot read in /proc it skips.
+    Observe(observe_cmd::Options),
+}
+
+/// A flag set on SIGINT and SIGTERM.
+fn shutdown_flag() -> anyhow::Result<Arc<AtomicBool>> {
+    let shutdown = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, shutdown.clone())
+            .map_err(|e| anyhow::anyhow!("cannot install the signal handler: {e}"))?;
+    }
+    Ok(shutdown)
 }
 
 fn init_logging(level: log::LevelFilter) {
@@ -86,17 +127,18 @@ fn main() -> ExitCode {
     let source = daemon::Source { path: cli.config.clone(), mode: cli.mode };
     let result = match cli.command {
         Some(Command::Inspect { tid }) => source.load().map_err(Into::into).and_then(|cfg| inspect::run(&cfg, tid)),
+        Some(Command::Observe(opts)) => source
+            .load()
+            .map_err(Into::into)
+            .and_then(|cfg| Ok((cfg, shutdown_flag()?)))
+            .and_then(|(cfg, shutdown)| observe_cmd::run(cfg, &opts, &shutdown)),
+        None if cli.help_stats => stats::server_data().describe_meta(&mut std::io::stdout(), None),
         None if cli.dump_config => source.load().map(|cfg| print!("{}", cfg.to_toml())).map_err(Into::into),
-        None => {
-            let shutdown = Arc::new(AtomicBool::new(false));
-            for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-                if let Err(e) = signal_hook::flag::register(sig, shutdown.clone()) {
-                    error!("cannot install the signal handler: {e}");
-                    return ExitCode::FAILURE;
-                }
-            }
-            daemon::run(&source, cli.stats, shutdown)
-        }
+        None if cli.monitor.is_some() => match cli.monitor.map(Duration::try_from_secs_f64) {
+            Some(Ok(intv)) if !intv.is_zero() => shutdown_flag().and_then(|shutdown| stats::monitor(intv, shutdown)),
+            _ => Err(anyhow::anyhow!("--monitor: SECS must be a positive number of seconds")),
+        },
+        None => shutdown_flag().and_then(|shutdown| daemon::run(&source, cli.stats, cli.metrics_addr, shutdown)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -106,9 +106,11 @@ pub struct PhaseConfig {
     pub optimizer_min_busy_frac: f64,
     /// ...and at most this many voluntary context switches per second.
     pub optimizer_max_voluntary_per_sec: f64,
-    /// NcclCollective: a collective thread with at least this many voluntary
-    /// context switches per second (futex waits between spins)...
-    pub nccl_min_voluntary_per_sec: f64,
+    /// NcclCollective: an NCCL thread (by name) with at least this many
+    /// context switches per second (futex waits between spins; under CPU
+    /// contention also preemptions, which count here), or another thread of
+    /// a multi-rank process with this many *voluntary* switches per second...
+    pub nccl_min_switches_per_sec: f64,
     /// ...and runnable at least this fraction of the interval (spinning).
     pub nccl_min_busy_frac: f64,
 }
@@ -125,7 +127,7 @@ impl Default for PhaseConfig {
             inproc_load_min_read_bytes_per_sec: 32 << 20,
             optimizer_min_busy_frac: 0.6,
             optimizer_max_voluntary_per_sec: 50.0,
-            nccl_min_voluntary_per_sec: 100.0,
+            nccl_min_switches_per_sec: 50.0,
             nccl_min_busy_frac: 0.1,
         }
     }
@@ -160,7 +162,7 @@ impl PhaseConfig {
         frac("nccl_min_busy_frac", self.nccl_min_busy_frac)?;
         for (key, v) in [
             ("optimizer_max_voluntary_per_sec", self.optimizer_max_voluntary_per_sec),
-            ("nccl_min_voluntary_per_sec", self.nccl_min_voluntary_per_sec),
+            ("nccl_min_switches_per_sec", self.nccl_min_switches_per_sec),
         ] {
             if !v.is_finite() || v < 0.0 {
                 return Err(format!("phase.{key} must be a finite number >= 0"));

@@ -119,13 +119,27 @@ pub struct Decision {
 
 impl PolicyConfig {
     /// The decision for a thread, or None when the kernel default applies.
-    pub fn decide(&self, rule: Option<&RuleVerdict>, phase: Phase, node: Option<usize>) -> Option<Decision> {
+    /// `node` is the NUMA node of the thread's GPU; a thread with a node but
+    /// neither rule nor phase still gets a decision, in `default_class`, so
+    /// that it is placed near its GPU.
+    pub fn decide(
+        &self,
+        rule: Option<&RuleVerdict>,
+        phase: Phase,
+        node: Option<usize>,
+        default_class: Class,
+    ) -> Option<Decision> {
         let pp = self.for_phase(phase);
-        if rule.is_none() && pp.is_none() {
+        if rule.is_none() && pp.is_none() && node.is_none() {
             return None;
         }
         let rule = rule.copied().unwrap_or_default();
-        let class = rule.class.or(pp.map(|p| p.class))?;
+        let class = match (rule.class, pp) {
+            (Some(c), _) => c,
+            (None, Some(p)) => p.class,
+            (None, None) if node.is_some() || rule.cpu.is_some() || rule.slice_us.is_some() => default_class,
+            (None, None) => return None,
+        };
         let slice_ns = match (rule.slice_us, pp) {
             (Some(us), _) => us * 1000,
             (None, Some(p)) => p.latency_target_us * 1000 / 2,
@@ -148,13 +162,13 @@ mod tests {
     #[test]
     fn every_ml_phase_has_a_decision_and_unknown_has_none() {
         let p = PolicyConfig::default();
-        assert_eq!(p.decide(None, Phase::Unknown, Some(1)), None);
-        let gc = p.decide(None, Phase::GpuCompute, None).unwrap();
+        assert_eq!(p.decide(None, Phase::Unknown, None, Class::Normal), None);
+        let gc = p.decide(None, Phase::GpuCompute, None, Class::Normal).unwrap();
         assert_eq!((gc.class, gc.preempt, gc.slice_ns, gc.node), (Class::Latency, true, 1_000_000, -1));
-        let nc = p.decide(None, Phase::NcclCollective, Some(1)).unwrap();
+        let nc = p.decide(None, Phase::NcclCollective, Some(1), Class::Normal).unwrap();
         assert_eq!((nc.class, nc.node), (Class::Latency, 1));
-        assert_eq!(p.decide(None, Phase::DataLoading, None).unwrap().class, Class::Ml);
-        let os = p.decide(None, Phase::OptimizerStep, None).unwrap();
+        assert_eq!(p.decide(None, Phase::DataLoading, None, Class::Normal).unwrap().class, Class::Ml);
+        let os = p.decide(None, Phase::OptimizerStep, None, Class::Normal).unwrap();
         assert_eq!((os.class, os.preempt, os.slice_ns), (Class::Ml, false, 8_000_000));
     }
 
@@ -162,15 +176,21 @@ mod tests {
     fn rule_class_wins_and_phase_refines() {
         let p = PolicyConfig::default();
         let r = RuleVerdict { class: Some(Class::Batch), slice_us: None, cpu: Some(3) };
-        let d = p.decide(Some(&r), Phase::GpuCompute, None).unwrap();
+        let d = p.decide(Some(&r), Phase::GpuCompute, None, Class::Normal).unwrap();
         assert_eq!((d.class, d.preempt, d.slice_ns, d.cpu), (Class::Batch, true, 1_000_000, 3));
-        let d = p.decide(Some(&r), Phase::Unknown, None).unwrap();
+        let d = p.decide(Some(&r), Phase::Unknown, None, Class::Normal).unwrap();
         assert_eq!((d.class, d.preempt, d.slice_ns), (Class::Batch, false, 0));
         let r = RuleVerdict { slice_us: Some(500), ..Default::default() };
-        let d = p.decide(Some(&r), Phase::DataLoading, None).unwrap();
+        let d = p.decide(Some(&r), Phase::DataLoading, None, Class::Normal).unwrap();
         assert_eq!((d.class, d.slice_ns), (Class::Ml, 500_000));
-        // A rule with neither class nor phase class gives no decision.
-        assert_eq!(p.decide(Some(&r), Phase::Unknown, None), None);
+        // A rule with only a slice keeps the default class.
+        let d = p.decide(Some(&r), Phase::Unknown, None, Class::Batch).unwrap();
+        assert_eq!((d.class, d.slice_ns), (Class::Batch, 500_000));
+        // A GPU's node alone gives a placement in the default class.
+        let d = p.decide(None, Phase::Unknown, Some(1), Class::Normal).unwrap();
+        assert_eq!((d.class, d.node, d.slice_ns, d.preempt), (Class::Normal, 1, 0, false));
+        // Nothing to say: no decision.
+        assert_eq!(p.decide(Some(&RuleVerdict::default()), Phase::Unknown, None, Class::Normal), None);
     }
 
     #[test]

@@ -193,7 +193,9 @@ impl<'a> Scheduler<'a> {
         }
         skel.maps.task_class.set_max_entries(cfg.task_map_size)?;
         let ops = skel.struct_ops.zernel_ops_mut();
-        ops.flags = if numa { *compat::SCX_OPS_BUILTIN_IDLE_PER_NODE } else { 0 };
+        // ENQ_LAST: a task alone on its CPU still passes through enqueue at
+        // every slice end, so that it can move to its preferred node.
+        ops.flags = *compat::SCX_OPS_ENQ_LAST | if numa { *compat::SCX_OPS_BUILTIN_IDLE_PER_NODE } else { 0 };
 
         let skel = scx_ops_load!(skel, zernel_ops, uei)?;
         let mut sched = Scheduler { skel, link: None, pin_dir: None };

@@ -89,7 +89,7 @@ fn four_phases_on_the_right_threads_and_a_hog_stays_unknown() {
         let pass = Instant::now();
         gpu.refresh();
         let snap = observer.poll(&gpu);
-        detector.update(&snap);
+        detector.update(snap);
         for p in &snap.processes {
             if p.ppid == train_pid {
                 workers.insert(p.pid);

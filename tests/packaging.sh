@@ -9,7 +9,7 @@
 # the loader modes and the DaemonSet are also run with --dump-config, against the ConfigMap's
 # zernel.toml. Exits non-zero if any check fails.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 pass=0
 fail=0
@@ -149,7 +149,8 @@ else
             if out=$("$bin" "${args[@]}" --dump-config 2>&1 >/dev/null); then
                 ok "$list: scx_zernel ${args[*]} --dump-config"
             else
-                bad "$list: scx_zernel ${args[*]} --dump-config: $out"
+                out=${out//$'\n'/ }
+                bad "$list: scx_zernel ${args[*]} --dump-config: ${out%% For more information*}"
             fi
         done <"$tmp/$list.args"
     done

@@ -13,10 +13,14 @@
  *              └─ yes: head of that CPU's local queue, current task preempted
  *              └─ no:  dsq[node][class], FIFO (vtime = enqueue time);
  *                      kick an idle CPU, its node first
+ *   slice end ─> zernel_enqueue again (SCX_OPS_ENQ_LAST): a task that runs
+ *              alone on the wrong node moves to its node's idle CPU
  *   CPU free ─> zernel_dispatch:
  *              1. any queue whose head waited > starve_ns (oldest first)
  *              2. own node's queues, latency > ml > normal > batch
- *              3. other nodes' queues, same order (steal: work-conserving)
+ *              3. other nodes' queues, same order, from nodes with no idle
+ *                 CPU (steal: work-conserving, but a node's own idle CPUs
+ *                 get its work first)
  *
  * A decision is tied to one task's lifetime by its start time: an entry
  * whose start time differs from the task's belongs to a recycled TID and is
@@ -170,14 +174,47 @@ static __always_inline void remember_class(struct task_struct *p, u32 class)
 		tctx->class = class;
 }
 
-/* An idle CPU @p may use, on @node first (any node when @node < 0). */
-static s32 pick_idle(struct task_struct *p, s32 node, bool node_only)
+/* Claims an idle CPU on @node that @p may use; -1 if none. */
+static s32 claim_idle_on(struct task_struct *p, s32 node)
 {
-	if (numa_enabled)
-		return __COMPAT_scx_bpf_pick_idle_cpu_node(p->cpus_ptr,
-				node < 0 ? NUMA_NO_NODE : node,
-				node_only ? SCX_PICK_IDLE_IN_NODE : 0);
-	return scx_bpf_pick_idle_cpu(p->cpus_ptr, 0);
+	return __COMPAT_scx_bpf_pick_idle_cpu_node(p->cpus_ptr, node,
+						   SCX_PICK_IDLE_IN_NODE);
+}
+
+static __always_inline const struct cpumask *idle_mask(u32 node)
+{
+	return numa_enabled ? __COMPAT_scx_bpf_get_idle_cpumask_node(node) :
+			      scx_bpf_get_idle_cpumask();
+}
+
+/*
+ * An idle CPU @p may use, on @node first, without claiming it; -1 if none.
+ */
+static s32 find_idle(struct task_struct *p, u32 node)
+{
+	const struct cpumask *idle;
+	u32 i, cpu;
+
+	bpf_for(i, 0, nr_nodes) {
+		u32 n = (node + i) % nr_nodes;
+
+		idle = idle_mask(n);
+		cpu = bpf_cpumask_any_and_distribute(idle, p->cpus_ptr);
+		scx_bpf_put_idle_cpumask(idle);
+		if (cpu < nr_cpus)
+			return cpu;
+	}
+	return -1;
+}
+
+/* Has @node no idle CPU? Only then may other nodes steal its work early. */
+static bool node_saturated(u32 node)
+{
+	const struct cpumask *idle = idle_mask(node);
+	bool empty = bpf_cpumask_empty(idle);
+
+	scx_bpf_put_idle_cpumask(idle);
+	return empty;
 }
 
 s32 BPF_STRUCT_OPS(zernel_select_cpu, struct task_struct *p, s32 prev_cpu,
@@ -199,7 +236,7 @@ s32 BPF_STRUCT_OPS(zernel_select_cpu, struct task_struct *p, s32 prev_cpu,
 
 	/* 2. An idle CPU on the preferred node. */
 	if (tc && tc->node >= 0 && numa_enabled) {
-		cpu = pick_idle(p, tc->node, true);
+		cpu = claim_idle_on(p, tc->node);
 		if (cpu >= 0) {
 			stat_glob(ZGSTAT_PREF_NODE);
 			goto direct;
@@ -268,8 +305,12 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	scx_bpf_dsq_insert_vtime(p, dsq_id(node, class), slice,
 				 bpf_ktime_get_ns(), enq_flags);
 
-	/* Work conservation: wake an idle CPU, the task's node first. */
-	cpu = pick_idle(p, node, false);
+	/*
+	 * Work conservation: wake an idle CPU, the task's node first. The CPU
+	 * is not claimed, so that it still counts as idle for
+	 * node_saturated() until it has taken the task.
+	 */
+	cpu = find_idle(p, node);
 	if (cpu >= 0) {
 		scx_bpf_kick_cpu(cpu, SCX_KICK_IDLE);
 		stat_glob(ZGSTAT_KICK);
@@ -320,9 +361,13 @@ void BPF_STRUCT_OPS(zernel_dispatch, s32 cpu, struct task_struct *prev)
 			return;
 	}
 
-	/* 3. Steal from other nodes rather than idle. */
+	/*
+	 * 3. Steal from other nodes rather than idle, but only from a node
+	 * that has no idle CPU of its own (one of those has been kicked to take
+	 * the work); the starvation bound above covers the rest.
+	 */
 	bpf_for(n, 0, nr_nodes) {
-		if (n == mynode)
+		if (n == mynode || !node_saturated(n))
 			continue;
 		bpf_for(c, 0, ZCLASS_NR) {
 			if (take(dsq_id(n, c), c, ZSTAT_CLASS_NR)) {

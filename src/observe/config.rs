@@ -8,11 +8,14 @@ use serde::{Deserialize, Serialize};
 pub struct ObserveConfig {
     /// Root of the proc filesystem. Tests point it at a fixture tree.
     pub proc_root: String,
-    /// How often (ms) each non-ML process is re-read (comm, exe, parent,
-    /// thread count, cgroup) and each idle thread's name is re-checked.
-    /// The work is spread over the passes. Threads of ML processes are
-    /// sampled every pass regardless.
+    /// How often (ms) each non-ML process is re-read (comm, exe, cmdline,
+    /// parent, thread count, cgroup). Rescans are staggered over the passes.
+    /// ML processes are re-read every pass.
     pub rescan_interval_ms: u64,
+    /// Longest time (ms) between two checks of a thread's name (renames).
+    /// A new thread is checked 200 ms (or this, if shorter) after it
+    /// appears, then at doubling intervals up to this one. Active ML threads are checked every pass.
+    pub thread_name_interval_ms: u64,
     /// Minimum time (ms) between two ML-evidence scans (fds and maps) of the
     /// same non-ML process. A scan only happens when the process's virtual
     /// size changed (a library or device got mapped) or it exec'd.
@@ -57,6 +60,7 @@ impl Default for ObserveConfig {
         ObserveConfig {
             proc_root: "/proc".into(),
             rescan_interval_ms: 1000,
+            thread_name_interval_ms: 5000,
             evidence_interval_ms: 2000,
             max_fds_scanned: 1024,
             max_cached_fds: 32768,
@@ -79,6 +83,9 @@ impl ObserveConfig {
         }
         if !(10..=600_000).contains(&self.rescan_interval_ms) {
             return Err("observe.rescan_interval_ms must be within 10..=600000".into());
+        }
+        if !(10..=3_600_000).contains(&self.thread_name_interval_ms) {
+            return Err("observe.thread_name_interval_ms must be within 10..=3600000".into());
         }
         if !(10..=3_600_000).contains(&self.evidence_interval_ms) {
             return Err("observe.evidence_interval_ms must be within 10..=3600000".into());

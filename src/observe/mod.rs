@@ -9,8 +9,11 @@
 //! # One pass
 //!
 //! ```text
-//!  getdents /proc ──> pids ──┬─ new pid ──────> discover: stat, status, cmdline, exe,
-//!  (fd kept open)            │                  cgroup, environ, fds, maps, threads
+//!  /proc/loadavg moved? ──yes──> getdents /proc (fd kept open) ──> pids
+//!  (or every rescan_interval)                                        │
+//!                            ┌───────────────────────────────────────┘
+//!                            ├─ new pid ──────> discover: stat, status, cmdline, exe,
+//!                            │                  cgroup, environ, fds, maps, threads
 //!                            ├─ vanished ─────> all its threads into `gone`
 //!                            └─ known pid
 //!                                 │ ML process: every pass     non-ML: every rescan_interval
@@ -33,9 +36,13 @@
 //! On the reference VM (2 vCPUs) a /proc syscall costs 1.5–10 µs, so the
 //! observer does per-pass work only where phases are detected:
 //!
-//! * Non-ML processes cost one getdents of /proc per pass (~150 µs for the
-//!   whole system) plus, spread over `rescan_interval_ms`, one stat pread per
-//!   process and one comm pread per thread (for renames).
+//! * Listing /proc walks every task of the system in the kernel (~100 µs
+//!   here, more with many threads), so it is done only when
+//!   /proc/loadavg's latest pid or task count moved (a task was created or
+//!   exited), and at least every `rescan_interval_ms`.
+//! * Non-ML processes cost one stat pread per `rescan_interval_ms`,
+//!   and one comm pread per thread on a back-off schedule (200 ms after it
+//!   appears, doubling up to `thread_name_interval_ms`) to catch renames.
 //! * Threads of ML processes cost one schedstat pread per pass (~1.5 µs);
 //!   only threads that were runnable ≥ `active_busy_frac` of the interval
 //!   also get stat, status, io and syscall (~20 µs); pool threads (role
@@ -77,6 +84,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use procfs::FromRead;
+
 pub use config::ObserveConfig;
 pub use evidence::resolve_visible_devices;
 pub use roles::{role_from_name, thread_role};
@@ -85,7 +94,7 @@ pub use types::*;
 use crate::gpu::GpuProvider;
 use evidence::{is_multiprocessing_child, is_python, EvidenceMatcher};
 use process::{ProcEntry, ProcSettings};
-use procfile::{DirFile, FdBudget, ReadBuf};
+use procfile::{DirFile, FdBudget, ProcFile, ReadBuf};
 use thread::PassCtx;
 
 /// Reads /proc (and the GPU provider) into [`Snapshot`]s.
@@ -98,14 +107,19 @@ pub struct Observer {
     pids: Vec<i32>,
     tids: Vec<i32>,
     proc_dir: DirFile,
+    loadavg: ProcFile,
+    /// (latest pid, number of tasks) from /proc/loadavg at the last listing.
+    last_load: Option<(u32, u32)>,
+    next_listing: Instant,
     procs: BTreeMap<i32, ProcEntry>,
-    seq: u64,
+    snap: Snapshot,
     last_pass: Option<Instant>,
     delayacct: bool,
     next_delayacct_check: Instant,
     rescan_interval: Duration,
     evidence_interval: Duration,
     quiet_interval: Duration,
+    name_interval: Duration,
     active_busy_frac: f64,
     inherit_depth: u32,
     warned_root: bool,
@@ -134,14 +148,18 @@ impl Observer {
             pids: Vec::new(),
             tids: Vec::new(),
             proc_dir: DirFile::default(),
+            loadavg: ProcFile::default(),
+            last_load: None,
+            next_listing: Instant::now(),
             procs: BTreeMap::new(),
-            seq: 0,
+            snap: Snapshot::default(),
             last_pass: None,
             delayacct: false,
             next_delayacct_check: Instant::now(),
             rescan_interval: Duration::from_millis(cfg.rescan_interval_ms),
             evidence_interval: Duration::from_millis(cfg.evidence_interval_ms),
             quiet_interval: Duration::from_millis(cfg.quiet_sample_interval_ms),
+            name_interval: Duration::from_millis(cfg.thread_name_interval_ms),
             active_busy_frac: cfg.active_busy_frac,
             inherit_depth: cfg.ml_inherit_depth,
             warned_root: false,
@@ -170,9 +188,34 @@ impl Observer {
         }
     }
 
+    /// The snapshot of the last pass.
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snap
+    }
+
+    /// Whether /proc must be listed in this pass: when a task was created
+    /// or exited since the last listing (the latest pid or the task count
+    /// of /proc/loadavg moved), and at least every `rescan_interval_ms`.
+    /// Listing /proc costs the kernel a walk over every task of the system.
+    fn listing_due(&mut self, now: Instant) -> bool {
+        let (root, budget, buf) = (&self.root, &self.budget, &mut self.dir_buf);
+        let load = self
+            .loadavg
+            .read(|| root.join("loadavg"), budget, buf)
+            .ok()
+            .and_then(|()| procfs::LoadAverage::from_read(buf.bytes()).ok())
+            .map(|l| (l.latest_pid, l.max));
+        let due = load.is_none() || load != self.last_load || now >= self.next_listing;
+        if due {
+            self.last_load = load;
+            self.next_listing = now + self.rescan_interval;
+        }
+        due
+    }
+
     /// One pass over /proc. `gpu` should have been refreshed just before.
     /// See the module doc.
-    pub fn poll(&mut self, gpu: &dyn GpuProvider) -> Snapshot {
+    pub fn poll(&mut self, gpu: &dyn GpuProvider) -> &Snapshot {
         let start = Instant::now();
         let elapsed = self.last_pass.map(|t| start.saturating_duration_since(t)).unwrap_or_default();
         self.last_pass = Some(start);
@@ -185,21 +228,39 @@ impl Observer {
         for p in self.procs.values_mut() {
             p.begin_pass();
         }
-        let listed =
-            self.proc_dir.list_numeric(|| self.root.clone(), &self.budget, &mut self.dir_buf, &mut self.pids);
-        if let Err(e) = listed {
-            if !self.warned_root {
-                log::warn!("observe: cannot list {}: {e:?}; keeping the previous view", self.root.display());
-                self.warned_root = true;
+        let mut new_pids = Vec::new();
+        if self.listing_due(start) {
+            let listed =
+                self.proc_dir.list_numeric(|| self.root.clone(), &self.budget, &mut self.dir_buf, &mut self.pids);
+            if let Err(e) = listed {
+                if !self.warned_root {
+                    log::warn!("observe: cannot list {}: {e:?}; keeping the previous view", self.root.display());
+                    self.warned_root = true;
+                }
+                self.last_load = None;
+                return self.finish(start, elapsed, gone, gpu);
             }
-            return self.finish(start, elapsed, gone, gpu);
+            for p in self.procs.values_mut() {
+                p.seen = false;
+            }
+            for &pid in self.pids.iter() {
+                match self.procs.get_mut(&pid) {
+                    Some(p) => p.seen = true,
+                    None => new_pids.push(pid),
+                }
+            }
+            self.procs.retain(|_, p| {
+                if !p.seen {
+                    p.all_gone(&mut gone);
+                }
+                p.seen
+            });
         }
 
         let settings = ProcSettings {
             matcher: &self.matcher,
             rescan_interval: self.rescan_interval,
             evidence_interval: self.evidence_interval,
-            elapsed,
         };
         let mut ctx = PassCtx {
             root: &self.root,
@@ -209,22 +270,9 @@ impl Observer {
             delayacct: self.delayacct,
             active_busy_frac: self.active_busy_frac,
             quiet_interval: self.quiet_interval,
+            name_interval_max: self.name_interval,
         };
         let (procs, tids) = (&mut self.procs, &mut self.tids);
-
-        let mut new_pids = Vec::new();
-        for &pid in self.pids.iter() {
-            match procs.get_mut(&pid) {
-                Some(p) => p.seen = true,
-                None => new_pids.push(pid),
-            }
-        }
-        procs.retain(|_, p| {
-            if !p.seen {
-                p.all_gone(&mut gone);
-            }
-            p.seen
-        });
 
         let mut recycled = Vec::new();
         for (&pid, p) in procs.iter_mut() {
@@ -240,7 +288,7 @@ impl Observer {
                     Err(_) => {}
                 }
             }
-            p.update_threads(&mut ctx, &settings, tids, &mut gone);
+            p.update_threads(&mut ctx, tids, &mut gone);
         }
         for pid in recycled {
             procs.remove(&pid);
@@ -248,7 +296,7 @@ impl Observer {
         }
         for pid in new_pids {
             if let Ok(mut p) = ProcEntry::discover(pid, &mut ctx, &settings) {
-                p.update_threads(&mut ctx, &settings, tids, &mut gone);
+                p.update_threads(&mut ctx, tids, &mut gone);
                 procs.insert(pid, p);
             }
         }
@@ -267,20 +315,18 @@ impl Observer {
         self.finish(start, elapsed, gone, gpu)
     }
 
-    fn finish(&mut self, start: Instant, elapsed: Duration, gone: Vec<GoneThread>, gpu: &dyn GpuProvider) -> Snapshot {
+    fn finish(&mut self, start: Instant, elapsed: Duration, gone: Vec<GoneThread>, gpu: &dyn GpuProvider) -> &Snapshot {
         join_gpus(&mut self.procs, gpu);
-        self.seq += 1;
-        let nthreads = self.procs.values().map(|p| p.threads.len()).sum();
-        let mut snap = Snapshot {
-            seq: self.seq,
-            interval_ns: elapsed.as_nanos() as u64,
-            pass_ns: 0,
-            delayacct: self.delayacct,
-            processes: Vec::with_capacity(self.procs.len()),
-            threads: Vec::with_capacity(nthreads),
-            gone,
-            gpus: gpu.devices().to_vec(),
-        };
+        // The snapshot's vectors are reused from pass to pass.
+        let snap = &mut self.snap;
+        snap.seq += 1;
+        snap.interval_ns = elapsed.as_nanos() as u64;
+        snap.delayacct = self.delayacct;
+        snap.gone = gone;
+        snap.gpus.clear();
+        snap.gpus.extend_from_slice(gpu.devices());
+        snap.processes.clear();
+        snap.threads.clear();
         for (i, p) in self.procs.values().enumerate() {
             snap.processes.push(p.view.clone());
             for t in &p.threads {
@@ -292,7 +338,7 @@ impl Observer {
             }
         }
         snap.pass_ns = start.elapsed().as_nanos() as u64;
-        snap
+        &self.snap
     }
 }
 

@@ -6,8 +6,8 @@
 //!             thread count), sample threads
 //! rescan      exe, cmdline, cgroup; fds+maps exe, cmdline, cgroup; stat;
 //! (1 s)       not needed (already ML)        fds+maps if vsize changed
-//! spread      thread names, a slice of the   same
-//!             threads per pass
+//! back-off    thread names: 200 ms after     same
+//!             discovery, doubling up to thread_name_interval_ms
 //! on change   relist /proc/<pid>/task when the thread count changed or a
 //!             thread vanished (readdir of 2,000 tasks costs ~1.5 ms)
 //! ```
@@ -34,8 +34,6 @@ pub struct ProcSettings<'a> {
     pub matcher: &'a EvidenceMatcher,
     pub rescan_interval: Duration,
     pub evidence_interval: Duration,
-    /// Wall time since the previous pass (for spreading name checks).
-    pub elapsed: Duration,
 }
 
 struct ProcStat {
@@ -78,8 +76,6 @@ pub struct ProcEntry {
     last_scan: Instant,
     next_rescan: Instant,
     relist: bool,
-    name_cursor: usize,
-    name_credit: f64,
     /// Listed in /proc in the current pass.
     pub seen: bool,
 }
@@ -137,8 +133,6 @@ impl ProcEntry {
             last_scan: ctx.now,
             next_rescan: ctx.now + stagger.max(Duration::from_millis(1)),
             relist: true,
-            name_cursor: 0,
-            name_credit: 0.0,
             seen: true,
         };
         p.read_identity(ctx);
@@ -259,6 +253,9 @@ impl ProcEntry {
             self.view.changes |= Changes::RENAMED;
         }
         let rescan_due = ctx.now >= self.next_rescan;
+        if rescan_due {
+            self.next_rescan = ctx.now + s.rescan_interval;
+        }
         if self.view.kernel_thread || !(renamed || rescan_due) {
             return Ok(());
         }
@@ -279,7 +276,6 @@ impl ProcEntry {
             self.scan_evidence(ctx, s.matcher);
         }
         if rescan_due {
-            self.next_rescan = ctx.now + s.rescan_interval;
             if self.read_cgroup(ctx) {
                 self.view.changes |= Changes::CGROUP;
             }
@@ -299,28 +295,20 @@ impl ProcEntry {
 
     /// Relists threads if needed, checks a slice of thread names, samples
     /// ML threads. Gone threads are appended to `gone`.
-    pub fn update_threads(&mut self, ctx: &mut PassCtx, s: &ProcSettings, ids: &mut Vec<i32>, gone: &mut Vec<GoneThread>) {
+    pub fn update_threads(&mut self, ctx: &mut PassCtx, ids: &mut Vec<i32>, gone: &mut Vec<GoneThread>) {
         if self.relist {
             self.relist_threads(ctx, ids, gone);
         }
-        // Names: enough per pass that every thread is checked once per
-        // rescan interval.
-        if !self.threads.is_empty() {
-            let frac = s.elapsed.as_secs_f64() / s.rescan_interval.as_secs_f64().max(1e-3);
-            self.name_credit += frac * self.threads.len() as f64;
-            let n = (self.name_credit.floor() as usize).min(self.threads.len());
-            self.name_credit -= n as f64;
-            for _ in 0..n {
-                self.name_cursor %= self.threads.len();
-                let i = self.name_cursor;
-                match self.threads[i].check_name(ctx) {
-                    Ok(()) => self.name_cursor += 1,
-                    Err(ReadError::Gone) => self.drop_thread(i, gone),
-                    Err(_) => self.name_cursor += 1,
-                }
-                if self.threads.is_empty() {
-                    break;
-                }
+        // Names, on each thread's own back-off schedule.
+        let mut i = 0;
+        while i < self.threads.len() {
+            if !self.threads[i].name_due(ctx.now) {
+                i += 1;
+                continue;
+            }
+            match self.threads[i].check_name(ctx) {
+                Err(ReadError::Gone) => self.drop_thread(i, gone),
+                _ => i += 1,
             }
         }
         if self.view.ml {
@@ -382,7 +370,6 @@ impl ProcEntry {
     /// Forgets the per-pass flags of the previous pass.
     pub fn begin_pass(&mut self) {
         self.view.changes = Changes::NONE;
-        self.seen = false;
         for t in &mut self.threads {
             t.view.changes = Changes::NONE;
             t.view.delta = None;

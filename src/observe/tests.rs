@@ -30,6 +30,7 @@ fn config(root: &Path) -> ObserveConfig {
     ObserveConfig {
         proc_root: root.to_string_lossy().into_owned(),
         rescan_interval_ms: 10,
+        thread_name_interval_ms: 10,
         evidence_interval_ms: 10,
         quiet_sample_interval_ms: 0,
         ..Default::default()
@@ -47,7 +48,7 @@ fn poll(o: &mut Observer) -> Snapshot {
 
 fn poll_gpu(o: &mut Observer, gpu: &dyn GpuProvider) -> Snapshot {
     std::thread::sleep(Duration::from_millis(15));
-    o.poll(gpu)
+    o.poll(gpu).clone()
 }
 
 fn proc_of(s: &Snapshot, pid: i32) -> &ProcessView {
@@ -469,4 +470,58 @@ fn gpu_data_is_joined_to_processes() {
     let sh = proc_of(&s, 100);
     assert!(sh.ml && sh.evidence.contains(MlEvidence::GPU_PROCESS), "listed GPU users are ML");
     assert_eq!(proc_of(&s, 1).gpu, ProcessGpu::default());
+}
+
+#[test]
+fn proc_is_listed_only_when_tasks_come_or_go() {
+    let dir = TempDir::new("observe-loadavg");
+    let root = dir.path();
+    let load = |latest: u32, tasks: u32| {
+        std::fs::write(root.join("loadavg"), format!("0.10 0.20 0.30 1/{tasks} {latest}\n")).unwrap();
+    };
+    load(100, 50);
+    write_proc(root, &FakeProc::new(10, 1, "first"));
+    let cfg = ObserveConfig { rescan_interval_ms: 60_000, ..config(root) };
+    let mut o = Observer::new(&cfg);
+    assert!(poll(&mut o).process(10).is_some());
+    // A process appears but loadavg has not moved (as if read before the
+    // fork): not listed yet.
+    write_proc(root, &FakeProc::new(20, 1, "second"));
+    assert!(poll(&mut o).process(20).is_none());
+    // The kernel's latest pid moves: /proc is listed.
+    load(101, 51);
+    let s = poll(&mut o);
+    assert!(s.process(20).unwrap().changes.contains(Changes::NEW));
+    // An exit moves the task count.
+    remove_proc(root, 10);
+    load(101, 50);
+    let s = poll(&mut o);
+    assert!(s.process(10).is_none());
+    assert_eq!(s.gone, vec![GoneThread { tid: 10, tgid: 10, start_ticks: 1010 }]);
+}
+
+#[test]
+fn thread_names_are_rechecked_with_back_off() {
+    let dir = TempDir::new("observe-names");
+    let root = dir.path();
+    let mut p = FakeProc::new(10, 1, "app");
+    p.threads.push(FakeThread::new(11, "app"));
+    write_proc(root, &p);
+    let cfg = ObserveConfig { thread_name_interval_ms: 60_000, ..config(root) };
+    let mut o = Observer::new(&cfg);
+    poll(&mut o);
+    // Renamed right after it started: seen at the first check, ~200 ms later.
+    p.thread(11).comm = "worker-1".into();
+    write_proc(root, &p);
+    assert!(poll(&mut o).changed_threads().next().is_none(), "not checked every pass");
+    std::thread::sleep(Duration::from_millis(250));
+    let s = poll(&mut o);
+    assert_eq!(thread_of(&s, 11).comm.as_ref(), "worker-1");
+    assert!(thread_of(&s, 11).changes.contains(Changes::RENAMED));
+    // The next check is ~400 ms later, not at the next pass.
+    p.thread(11).comm = "worker-2".into();
+    write_proc(root, &p);
+    assert_eq!(thread_of(&poll(&mut o), 11).comm.as_ref(), "worker-1");
+    std::thread::sleep(Duration::from_millis(550));
+    assert_eq!(thread_of(&poll(&mut o), 11).comm.as_ref(), "worker-2");
 }

@@ -43,7 +43,13 @@ pub struct PassCtx<'a> {
     pub delayacct: bool,
     pub active_busy_frac: f64,
     pub quiet_interval: Duration,
+    /// Longest time between two name checks of a thread.
+    pub name_interval_max: Duration,
 }
+
+/// First delay between name checks; it doubles up to `name_interval_max`.
+/// Threads are mostly named right after they start.
+const FIRST_NAME_CHECK: Duration = Duration::from_millis(200);
 
 /// How long a thread must stay inactive before it is sampled less often.
 const QUIET_AFTER: Duration = Duration::from_secs(1);
@@ -85,6 +91,14 @@ pub struct ThreadEntry {
     detail: Option<DetailSample>,
     quiet_since: Option<Instant>,
     next_sample: Option<Instant>,
+    name_interval: Duration,
+    next_name_check: Instant,
+}
+
+/// `d` scaled by 75..125 % depending on the tid, so that threads created
+/// together are not checked together.
+fn jittered(d: Duration, tid: i32) -> Duration {
+    d * (75 + tid.unsigned_abs() % 50) / 100
 }
 
 fn task_path(root: &Path, tgid: i32, tid: i32, file: &str) -> PathBuf {
@@ -217,7 +231,19 @@ impl ThreadEntry {
             detail: None,
             quiet_since: None,
             next_sample: None,
+            name_interval: FIRST_NAME_CHECK.min(ctx.name_interval_max),
+            next_name_check: ctx.now + jittered(FIRST_NAME_CHECK.min(ctx.name_interval_max), tid),
         })
+    }
+
+    /// Whether the thread's name should be re-read in this pass.
+    pub fn name_due(&self, now: Instant) -> bool {
+        now >= self.next_name_check
+    }
+
+    fn name_checked(&mut self, ctx: &PassCtx) {
+        self.next_name_check = ctx.now + jittered(self.name_interval, self.view.tid);
+        self.name_interval = (self.name_interval * 2).min(ctx.name_interval_max);
     }
 
     fn set_comm(&mut self, comm: &str) {
@@ -228,8 +254,10 @@ impl ThreadEntry {
     }
 
     /// Re-reads the thread's name (comm file; stat for ML threads, whose
-    /// stat file is open anyway). Notes a rename in `view.changes`.
+    /// stat file is open anyway). Notes a rename in `view.changes`. Checks
+    /// back off from 200 ms after discovery to `thread_name_interval_ms`.
     pub fn check_name(&mut self, ctx: &mut PassCtx) -> Result<(), ReadError> {
+        self.name_checked(ctx);
         let (tgid, tid, root) = (self.view.tgid, self.view.tid, ctx.root);
         if self.view.ml {
             self.files.stat.read(|| task_path(root, tgid, tid, "stat"), ctx.budget, ctx.buf)?;
@@ -330,6 +358,7 @@ impl ThreadEntry {
             return Err(ReadError::Gone);
         }
         self.set_comm(&st.comm);
+        self.name_checked(ctx);
         self.view.state = st.state;
         self.view.last_cpu = st.cpu;
 

@@ -6,7 +6,8 @@
 //!   waiting for one (schedstat). Unlike on-CPU time it stays high for a
 //!   CPU-bound thread on a contended machine.
 //! * `vol/s`: voluntary context switches per second (status): each is a
-//!   block (futex, I/O, sleep).
+//!   block (futex, I/O, sleep); `sw/s` adds the involuntary ones
+//!   (preemptions, sched_yield).
 //! * `read/s`: bytes read through syscalls per second (io rchar).
 //! * GPU: the process's utilisation (per-process from NVML/file, else its
 //!   visible devices), busy >= `gpu_busy_util_pct`, idle <= `gpu_idle_util_pct`.
@@ -17,8 +18,9 @@
 //! ```text
 //!  not ML ─────────────────────────────────────────────────────> Unknown
 //!  no fresh sample ────────────────────────────────────────────> (no candidate)
-//!  collective role, or Other thread of a multi-rank process,
-//!    vol/s >= nccl_min_voluntary_per_sec, busy >= nccl_min_busy ─> NcclCollective
+//!  NCCL-named thread with sw/s >= nccl_min_switches_per_sec, or
+//!    Other thread of a multi-rank process with vol/s >= it;
+//!    and busy >= nccl_min_busy_frac ───────────────────────────> NcclCollective
 //!  loader role, busy >= loader_min_busy or read/s >= loader_min ─> DataLoading
 //!  trainer/other, GPU not busy, read/s >= inproc_load_min ──────> DataLoading
 //!  trainer/autograd, GPU busy ──────────────────────────────────> GpuCompute
@@ -26,10 +28,10 @@
 //!    vol/s <= optimizer_max_voluntary_per_sec ─────────────────> OptimizerStep
 //!  otherwise ──────────────────────────────────────────────────> Unknown
 //! ```
-//! Why these are reachable on a live system: NCCL's proxy thread spins on
-//! its work queue and sleeps on a futex between operations (thousands of
-//! voluntary switches per second during an all-reduce, several percent of
-//! CPU); DataLoader workers read files and burn CPU decoding; the trainer
+//! Why these are reachable on a live system: NCCL's proxy thread polls its
+//! work queue during a collective, yielding and sleeping on a futex between
+//! operations (hundreds to thousands of switches per second, a good share
+//! of a CPU), and is idle otherwise; DataLoader workers read files and burn CPU decoding; the trainer
 //! launches kernels while the GPU is busy (NVML says so); and the optimizer
 //! step is the stretch where the trainer computes on the CPU (or only
 //! launches tiny kernels in a tight loop) while the GPU sits idle.
@@ -60,8 +62,13 @@ pub fn classify(t: &ThreadView, p: &ProcessView, cfg: &PhaseConfig) -> Option<Ph
     let role = t.role;
     let driver = matches!(role, ThreadRole::Trainer | ThreadRole::Autograd);
 
-    let collective = role.is_collective() || (role == ThreadRole::Other && multi_rank);
-    if collective && vol_per_sec >= cfg.nccl_min_voluntary_per_sec && busy >= cfg.nccl_min_busy_frac {
+    let all_switches_per_sec = d.detail.map_or(0.0, |x| x.voluntary_per_sec() + x.involuntary_per_sec());
+    let spin_wait = if role.is_collective() {
+        all_switches_per_sec >= cfg.nccl_min_switches_per_sec
+    } else {
+        role == ThreadRole::Other && multi_rank && vol_per_sec >= cfg.nccl_min_switches_per_sec
+    };
+    if spin_wait && busy >= cfg.nccl_min_busy_frac {
         return Some(Phase::NcclCollective);
     }
     if role.is_loader()

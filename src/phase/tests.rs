@@ -41,6 +41,7 @@ struct Act {
     busy: f64,
     vol_per_sec: u64,
     read_per_sec: u64,
+    invol_per_sec: u64,
 }
 
 fn thread(tid: i32, tgid: i32, role: ThreadRole, ml: bool, act: Option<Act>) -> ThreadView {
@@ -66,7 +67,7 @@ fn thread(tid: i32, tgid: i32, role: ThreadRole, ml: bool, act: Option<Act>) -> 
                 detail: Some(DetailDelta {
                     interval_ns: INTERVAL,
                     voluntary_switches: a.vol_per_sec / 10,
-                    involuntary_switches: 0,
+                    involuntary_switches: a.invol_per_sec / 10,
                     read_bytes: a.read_per_sec / 10,
                     write_bytes: 0,
                     blkio_delay_ns: None,
@@ -89,44 +90,54 @@ fn one(cfg: &PhaseConfig, role: ThreadRole, gpu: Option<u32>, act: Act) -> Phase
 #[test]
 fn each_phase_has_a_trigger() {
     let c = PhaseConfig::default();
-    let spin_wait = Act { busy: 0.5, vol_per_sec: 2000, read_per_sec: 0 };
+    let spin_wait = Act { busy: 0.5, vol_per_sec: 2000, ..Act::default() };
     assert_eq!(one(&c, ThreadRole::NcclProgress, Some(80), spin_wait), Phase::NcclCollective);
     assert_eq!(one(&c, ThreadRole::NcclMonitor, None, spin_wait), Phase::NcclCollective);
-    let decoding = Act { busy: 0.9, vol_per_sec: 20, read_per_sec: 0 };
+    let decoding = Act { busy: 0.9, vol_per_sec: 20, ..Act::default() };
     assert_eq!(one(&c, ThreadRole::DataLoader, None, decoding), Phase::DataLoading);
-    let reading = Act { busy: 0.05, vol_per_sec: 200, read_per_sec: 50 << 20 };
+    let reading = Act { busy: 0.05, vol_per_sec: 200, read_per_sec: 50 << 20, ..Act::default() };
     assert_eq!(one(&c, ThreadRole::PinMemory, Some(90), reading), Phase::DataLoading);
     assert_eq!(one(&c, ThreadRole::Trainer, Some(0), reading), Phase::DataLoading, "num_workers=0");
-    let launching = Act { busy: 0.1, vol_per_sec: 300, read_per_sec: 0 };
+    let launching = Act { busy: 0.1, vol_per_sec: 300, ..Act::default() };
     assert_eq!(one(&c, ThreadRole::Trainer, Some(95), launching), Phase::GpuCompute);
     assert_eq!(one(&c, ThreadRole::Autograd, Some(95), launching), Phase::GpuCompute);
-    let cpu_bound = Act { busy: 0.95, vol_per_sec: 5, read_per_sec: 0 };
+    let cpu_bound = Act { busy: 0.95, vol_per_sec: 5, ..Act::default() };
     assert_eq!(one(&c, ThreadRole::Trainer, Some(0), cpu_bound), Phase::OptimizerStep);
+    // An NCCL thread starved by contention: few waits, many preemptions.
+    let starved = Act { busy: 0.9, vol_per_sec: 30, invol_per_sec: 60, ..Act::default() };
+    assert_eq!(one(&c, ThreadRole::NcclProgress, None, starved), Phase::NcclCollective);
 }
 
 #[test]
 fn near_misses_stay_unknown() {
     let c = PhaseConfig::default();
-    let cpu_bound = Act { busy: 0.95, vol_per_sec: 5, read_per_sec: 0 };
+    let cpu_bound = Act { busy: 0.95, vol_per_sec: 5, ..Act::default() };
     // GPU state unknown: cannot tell an optimizer step.
     assert_eq!(one(&c, ThreadRole::Trainer, None, cpu_bound), Phase::Unknown);
     // GPU half busy: neither busy nor idle.
     assert_eq!(one(&c, ThreadRole::Trainer, Some(20), cpu_bound), Phase::Unknown);
     // Blocking often: not an optimizer.
-    let blocking = Act { busy: 0.95, vol_per_sec: 500, read_per_sec: 0 };
+    let blocking = Act { busy: 0.95, vol_per_sec: 500, ..Act::default() };
     assert_eq!(one(&c, ThreadRole::Trainer, Some(0), blocking), Phase::Unknown);
     // An idle loader.
     assert_eq!(one(&c, ThreadRole::DataLoader, None, Act::default()), Phase::Unknown);
     // Spin/wait in an "Other" thread of a single-rank process is not a collective.
-    let spin_wait = Act { busy: 0.5, vol_per_sec: 2000, read_per_sec: 0 };
+    let spin_wait = Act { busy: 0.5, vol_per_sec: 2000, ..Act::default() };
     assert_eq!(one(&c, ThreadRole::Other, None, spin_wait), Phase::Unknown);
     // ...but it is in a multi-rank one.
     let mut p = process(10, true, None);
     p.env.world_size = Some(8);
-    let s = snap(p, vec![thread(11, 10, ThreadRole::Other, true, Some(spin_wait))]);
+    let s = snap(p.clone(), vec![thread(11, 10, ThreadRole::Other, true, Some(spin_wait))]);
     assert_eq!(classify(&s.threads[0], &s.processes[0], &c), Some(Phase::NcclCollective));
+    // ...unless it only gets preempted (a CPU-bound pool thread).
+    let preempted = Act { busy: 1.0, invol_per_sec: 300, ..Act::default() };
+    let s = snap(p, vec![thread(11, 10, ThreadRole::Other, true, Some(preempted))]);
+    assert_eq!(classify(&s.threads[0], &s.processes[0], &c), Some(Phase::Unknown));
+    // An idle NCCL watchdog waking every 100 ms.
+    let watchdog = Act { busy: 0.001, vol_per_sec: 10, ..Act::default() };
+    assert_eq!(one(&c, ThreadRole::NcclMonitor, None, watchdog), Phase::Unknown);
     // A busy GPU does not make helper threads compute.
-    let launching = Act { busy: 0.1, vol_per_sec: 300, read_per_sec: 0 };
+    let launching = Act { busy: 0.1, vol_per_sec: 300, ..Act::default() };
     assert_eq!(one(&c, ThreadRole::Other, Some(95), launching), Phase::Unknown);
     // No sample: no candidate. Non-ML: Unknown.
     let s = snap(process(10, true, None), vec![thread(11, 10, ThreadRole::Trainer, true, None)]);
@@ -147,8 +158,8 @@ fn trainer_snap(gpu: Option<u32>, act: Option<Act>) -> Snapshot {
 fn hysteresis_needs_n_consecutive_intervals() {
     let cfg = PhaseConfig { phase_stability_count: 3, ..Default::default() };
     let mut d = PhaseDetector::new(cfg);
-    let compute = || trainer_snap(Some(90), Some(Act { busy: 0.1, vol_per_sec: 300, read_per_sec: 0 }));
-    let optim = || trainer_snap(Some(0), Some(Act { busy: 0.95, vol_per_sec: 0, read_per_sec: 0 }));
+    let compute = || trainer_snap(Some(90), Some(Act { busy: 0.1, vol_per_sec: 300, ..Act::default() }));
+    let optim = || trainer_snap(Some(0), Some(Act { busy: 0.95, ..Act::default() }));
 
     assert!(d.update(&compute()).is_empty());
     assert!(d.update(&compute()).is_empty());
@@ -185,7 +196,7 @@ fn hysteresis_needs_n_consecutive_intervals() {
 fn stability_count_one_adopts_immediately() {
     let cfg = PhaseConfig { phase_stability_count: 1, ..Default::default() };
     let mut d = PhaseDetector::new(cfg);
-    let ch = d.update(&trainer_snap(Some(90), Some(Act { busy: 0.1, vol_per_sec: 300, read_per_sec: 0 })));
+    let ch = d.update(&trainer_snap(Some(90), Some(Act { busy: 0.1, vol_per_sec: 300, ..Act::default() })));
     assert_eq!(ch.len(), 1);
     assert_eq!(d.phase(10), Phase::GpuCompute);
 }
@@ -194,7 +205,7 @@ fn stability_count_one_adopts_immediately() {
 fn non_ml_gone_and_recycled_threads() {
     let cfg = PhaseConfig { phase_stability_count: 1, ..Default::default() };
     let mut d = PhaseDetector::new(cfg);
-    let cpu_bound = Some(Act { busy: 0.95, vol_per_sec: 0, read_per_sec: 0 });
+    let cpu_bound = Some(Act { busy: 0.95, ..Act::default() });
     // Non-ML threads are never tracked, whatever they do.
     let s = snap(process(20, false, Some(0)), vec![thread(20, 20, ThreadRole::NonMl, false, cpu_bound)]);
     assert!(d.update(&s).is_empty());
@@ -245,8 +256,8 @@ fn config_validation_names_the_key() {
     assert!(c.validate().unwrap_err().contains("phase.gpu_idle_util_pct"));
     let c = PhaseConfig { nccl_min_busy_frac: -0.1, ..Default::default() };
     assert!(c.validate().unwrap_err().contains("phase.nccl_min_busy_frac"));
-    let c = PhaseConfig { nccl_min_voluntary_per_sec: f64::NAN, ..Default::default() };
-    assert!(c.validate().unwrap_err().contains("phase.nccl_min_voluntary_per_sec"));
+    let c = PhaseConfig { nccl_min_switches_per_sec: f64::NAN, ..Default::default() };
+    assert!(c.validate().unwrap_err().contains("phase.nccl_min_switches_per_sec"));
     let c = PhaseConfig { phase_eval_interval_ms: 0, ..Default::default() };
     assert!(c.validate().unwrap_err().contains("phase.phase_eval_interval_ms"));
     let parsed: PhaseConfig = toml::from_str("phase_stability_count = 4").unwrap();

@@ -1,7 +1,7 @@
 # guest-lib.sh - helpers for the VM test cases in tests/vm/cases/.
 #
-# Sourced inside the guest by busybox sh (ash: no bash features), as the first
-# thing a case does:
+# Sourced inside the guest by busybox sh (ash: POSIX plus `local`, no bash
+# features), as the first thing a case does:
 #     . "$(dirname "$0")/../guest-lib.sh"
 #
 # Checks print one TAP-like line each, "ok - DESC" or "not ok - DESC (detail)";
@@ -32,10 +32,11 @@ _zpass=0 _zfail=0 _zlog_shown=0
 # Seconds since boot, with hundredths (the kernel log's clock).
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
 
-# Kernel log lines are judged from here on: boot itself logs lines such as
+# Kernel log lines are judged from this mark on: boot itself logs lines such as
 # "NMI watchdog: Perf NMI watchdog permanently disabled" that say nothing about
-# the scheduler. Timestamps rather than a line count survive ring-buffer wrap.
-_zt0=$(uptime_s)
+# the scheduler. The mark also shows in the kernel log where the case began.
+_zmark="guest-lib: case ${0##*/} (pid $$) starts"
+echo "<6>$_zmark" >/dev/kmsg
 
 # ---- reporting -------------------------------------------------------------------
 _ok() { _zpass=$((_zpass + 1)); echo "ok - $1"; }
@@ -43,8 +44,8 @@ _notok() { _zfail=$((_zfail + 1)); echo "not ok - $1${2:+ ($2)}"; }
 
 # check DESC CMD... : passes when CMD exits 0 (CMD's own output is shown).
 check() {
-  _d=$1; shift
-  if "$@"; then _ok "$_d"; else _notok "$_d" "exit $?: $*"; fi
+  local desc=$1; shift
+  if "$@"; then _ok "$desc"; else _notok "$desc" "exit $?: $*"; fi
 }
 assert_true() { check "$@"; }
 
@@ -65,10 +66,10 @@ assert_gt() { _int_cmp gt "$@"; }
 
 # wait_until SECS CMD... : true as soon as CMD succeeds, false after SECS.
 wait_until() {
-  _n=$(($1 * 5)); shift
-  while [ "$_n" -gt 0 ]; do
+  local n=$(($1 * 5)); shift
+  while [ "$n" -gt 0 ]; do
     "$@" && return 0
-    sleep 0.2; _n=$((_n - 1))
+    sleep 0.2; n=$((n - 1))
   done
   "$@"
 }
@@ -83,26 +84,27 @@ _zernel_attached() {
 # alive PID : the process exists and is not a zombie. (kill -0 succeeds on a
 # zombie, so it cannot tell that an unreaped child has exited.)
 alive() {
-  _st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
-  [ -n "$_st" ] && [ "$_st" != Z ] && [ "$_st" != X ]
+  local st
+  st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+  [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
 }
 
 # ---- the daemon -------------------------------------------------------------------
 # zernel_start CONFIG [ARGS...]
 zernel_start() {
-  _cfg=$1; shift
-  _t=$(uptime_s)
-  scx_zernel --config "$_cfg" "$@" >"$ZLOG" 2>&1 &
+  local cfg=$1 t0 n=150   # 30 s in 0.2 s steps
+  shift
+  t0=$(uptime_s)
+  scx_zernel --config "$cfg" "$@" >"$ZLOG" 2>&1 &
   ZPID=$!
   ZRC=""
-  _n=150   # 30 s in 0.2 s steps
-  while [ $_n -gt 0 ]; do
+  while [ $n -gt 0 ]; do
     if _zernel_attached; then
-      _ok "scx_zernel attached ($(awk -v a="$_t" -v b="$(uptime_s)" 'BEGIN { printf "%.1f s", b - a }'))"
+      _ok "scx_zernel attached ($(awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { printf "%.1f s", b - a }'))"
       return 0
     fi
     alive "$ZPID" || break
-    sleep 0.2; _n=$((_n - 1))
+    sleep 0.2; n=$((n - 1))
   done
   if alive "$ZPID"; then kill -KILL "$ZPID" 2>/dev/null; fi
   wait "$ZPID"; ZRC=$?
@@ -115,24 +117,23 @@ zernel_start() {
 # zernel_stop [SIGNAL] : SIGNAL defaults to TERM. Returns 1 if the daemon had to
 # be killed or the state did not come back to `disabled`.
 zernel_stop() {
-  _sig=${1:-TERM} _r=0
+  local sig=${1:-TERM} r=0 n=100   # 20 s to shut down
   if [ -z "$ZPID" ]; then echo "zernel_stop: no daemon running"; ZRC=""; return 1; fi
-  kill "-$_sig" "$ZPID" 2>/dev/null
-  _n=100   # 20 s to shut down
-  while alive "$ZPID" && [ $_n -gt 0 ]; do sleep 0.2; _n=$((_n - 1)); done
+  kill "-$sig" "$ZPID" 2>/dev/null
+  while alive "$ZPID" && [ $n -gt 0 ]; do sleep 0.2; n=$((n - 1)); done
   if alive "$ZPID"; then
-    echo "zernel_stop: scx_zernel still running 20 s after SIG$_sig; sending KILL"
-    kill -KILL "$ZPID"; _r=1
+    echo "zernel_stop: scx_zernel still running 20 s after SIG$sig; sending KILL"
+    kill -KILL "$ZPID"; r=1
   fi
   # Only this PID: a bare `wait` would also wait for every other background job.
   wait "$ZPID"; ZRC=$?
   ZPID=""
-  _n=50    # 10 s for the kernel to finish disabling
-  while [ "$(sched_state)" != disabled ] && [ $_n -gt 0 ]; do sleep 0.2; _n=$((_n - 1)); done
+  n=50    # 10 s for the kernel to finish disabling
+  while [ "$(sched_state)" != disabled ] && [ $n -gt 0 ]; do sleep 0.2; n=$((n - 1)); done
   if [ "$(sched_state)" != disabled ]; then
-    echo "zernel_stop: sched_ext state is '$(sched_state)' 10 s after scx_zernel exited"; _r=1
+    echo "zernel_stop: sched_ext state is '$(sched_state)' 10 s after scx_zernel exited"; r=1
   fi
-  return $_r
+  return $r
 }
 
 # ---- scx_zernel inspect ------------------------------------------------------------
@@ -155,17 +156,23 @@ ztask() {
 }
 
 # tids_by_comm NAME : TIDs (one a line) of every thread whose comm is NAME.
+# No command substitution or external command per thread: under TCG with every
+# CPU busy, a fork per thread would make one call take seconds.
 tids_by_comm() {
-  for _c in /proc/[0-9]*/task/[0-9]*/comm; do
-    [ "$(cat "$_c" 2>/dev/null)" = "$1" ] && basename "$(dirname "$_c")"
+  local f comm
+  for f in /proc/[0-9]*/task/[0-9]*/comm; do
+    read -r comm <"$f" 2>/dev/null || continue
+    [ "$comm" = "$1" ] || continue
+    f=${f%/comm}; echo "${f##*/}"
   done
   return 0
 }
 
 # ---- kernel log --------------------------------------------------------------------
-# dmesg_new : kernel log lines logged since this case started.
+# dmesg_new : kernel log lines logged since this case started (the whole log
+# if the mark has been overwritten: stricter rather than blind).
 dmesg_new() {
-  dmesg | awk -v t0="$_zt0" '{ ts = $0; sub(/^\[ */, "", ts); sub(/\].*/, "", ts); if (ts + 0 >= t0) print }'
+  dmesg | awk -v m="$_zmark" '{ line[n++] = $0 } index($0, m) { from = n } END { for (i = from; i < n; i++) print line[i] }'
 }
 
 # dmesg_clean : true when the kernel logged no sign of trouble since the case
@@ -175,9 +182,10 @@ dmesg_new() {
 # under test, so a splat anywhere in the kernel counts. The offending lines are
 # printed.
 dmesg_clean() {
-  _bad=$(dmesg_new | grep -E 'BUG|WARNING|Oops|stall|watchdog|lockup|hung task|sched_ext: .*(error|disabled \((runtime|scx_bpf|runnable))')
-  [ -z "$_bad" ] && return 0
-  echo "$_bad"
+  local bad
+  bad=$(dmesg_new | grep -E 'BUG|WARNING|Oops|stall|watchdog|lockup|hung task|sched_ext: .*(error|disabled \((runtime|scx_bpf|runnable))')
+  [ -z "$bad" ] && return 0
+  echo "$bad"
   return 1
 }
 

@@ -33,7 +33,8 @@
 # Environment: VMRUN_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel-vm),
 #   VMRUN_KPKG / VMRUN_KVER (pinned kernel package/version), VMRUN_MIRROR,
 #   VMRUN_QEMU (qemu binary), VMRUN_ACCEL, VMRUN_TCG_THREAD=single|multi,
-#   VMRUN_QEMU_OPTS (extra qemu arguments, word-split).
+#   VMRUN_QEMU_OPTS (extra qemu arguments, word-split), VMRUN_INT3_RETRIES
+#   (default 2: reruns of a run that hit the qemu TCG "Oops: int3" race).
 # Host needs qemu-system-x86 (>= 10 for multi-threaded TCG), busybox-static,
 # apt-get and dpkg-deb; scripts/setup-deps.sh installs them. Works as non-root.
 set -uo pipefail
@@ -275,22 +276,40 @@ QEMU=("$QEMU_BIN" -nodefaults -no-user-config -display none -no-reboot
   -chardev "file,id=con,path=${CONSOLE//,/,,}" -serial chardev:con
   -chardev stdio,id=out,signal=off -serial chardev:out ${VMRUN_QEMU_OPTS:-})
 
-if (( VERBOSE )); then
-  log "accel=$ACCEL smp=$SMP mem=${memmb}M nodes=$NODES timeout=${TIMEOUT}s kernel=$KIMG"
-  tail -n +1 -f "$CONSOLE" >&2 & TAILPID=$!
-fi
-# --foreground: Ctrl-C still reaches qemu; its stdin is /dev/null (CI has none).
-timeout --foreground -k 10 "$TIMEOUT" "${QEMU[@]}" </dev/null 2>"$W/qemu.err"
-qrc=$?
-if [ -n "$TAILPID" ]; then sleep 0.3; kill "$TAILPID" 2>/dev/null; wait "$TAILPID" 2>/dev/null; TAILPID=""; fi
-if [ -n "$CONSOLE_KEEP" ]; then cp "$CONSOLE" "$CONSOLE_KEEP" || log "cannot write $CONSOLE_KEEP"; fi
+(( VERBOSE )) && log "accel=$ACCEL smp=$SMP mem=${memmb}M nodes=$NODES timeout=${TIMEOUT}s kernel=$KIMG"
+# Multi-threaded TCG, even in qemu 10, now and then lets a vCPU execute a stale
+# int3 that the kernel's live text patching (static keys, alternatives) has
+# already removed: "Oops: int3", at boot or when sched_ext flips its static
+# keys; about one boot in 25 on a busy 2-core host. That is qemu's race, not the
+# code under test, so such a failed run is repeated in a fresh VM (at most
+# VMRUN_INT3_RETRIES times, default 2), and says so on stderr. Single-threaded
+# TCG (VMRUN_TCG_THREAD=single) does not have the race but uses one host core.
+INT3_RETRIES=${VMRUN_INT3_RETRIES:-2}
+if [ -n "$CONSOLE_KEEP" ]; then : >"$CONSOLE_KEEP" || log "cannot write $CONSOLE_KEEP"; fi
+attempt=0
+while :; do
+  : >"$CONSOLE"
+  if (( VERBOSE )); then tail -n +1 -f "$CONSOLE" >&2 & TAILPID=$!; fi
+  # --foreground: Ctrl-C still reaches qemu; its stdin is /dev/null (CI has none).
+  timeout --foreground -k 10 "$TIMEOUT" "${QEMU[@]}" </dev/null 2>"$W/qemu.err"
+  qrc=$?
+  if [ -n "$TAILPID" ]; then sleep 0.3; kill "$TAILPID" 2>/dev/null; wait "$TAILPID" 2>/dev/null; TAILPID=""; fi
+  if [ -n "$CONSOLE_KEEP" ]; then cat "$CONSOLE" >>"$CONSOLE_KEEP" 2>/dev/null; fi
+  rc=$(grep -ao "$TOKEN=[0-9]*" "$CONSOLE" | tail -n1 | cut -d= -f2)
+  if [ "$ACCEL" != tcg ] || [ "${rc:-125}" = 0 ] || [ "$attempt" -ge "$INT3_RETRIES" ] \
+     || ! grep -q 'Oops: int3' "$CONSOLE"; then
+    break
+  fi
+  attempt=$((attempt + 1))
+  log "the guest kernel hit 'Oops: int3' (qemu TCG race with kernel text patching, see vmrun.sh); running again in a fresh VM, retry $attempt of $INT3_RETRIES"
+  if [ -n "$CONSOLE_KEEP" ]; then echo "=== vmrun: retry $attempt" >>"$CONSOLE_KEEP"; fi
+done
 
-rc=$(grep -ao "$TOKEN=[0-9]*" "$CONSOLE" | tail -n1 | cut -d= -f2)
 [ -n "$rc" ] && exit "$rc"
 fail() {
   log "$1"; cat "$W/qemu.err" >&2
   (( VERBOSE )) || { log "kernel console (last 40 lines):"; tail -n 40 "$CONSOLE" >&2; }
   exit "$2"
 }
-[ $qrc -eq 124 ] && fail "TIMEOUT: guest still running after ${TIMEOUT}s (accel=$ACCEL)" 124
+[ "$qrc" -eq 124 ] && fail "TIMEOUT: guest still running after ${TIMEOUT}s (accel=$ACCEL)" 124
 fail "guest did not report an exit status (boot failure or panic; qemu rc=$qrc, accel=$ACCEL)" 125

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! zernel-workload train --gpu-file PATH --secs S [--workers N] [--data-dir DIR]
-//!                 [--compute-ms 500] [--allreduce-ms 400] [--optim-ms 400]
+//!                 [--compute-ms 500] [--allreduce-ms 500] [--optim-ms 500]
 //!                 [--decode-ms 500] [--kernel-ms 20] [--no-env]
 //! zernel-workload hog --name NAME --secs S [--threads N]
 //! zernel-workload threads --count N --secs S [--wake-ms 1000] [--ml]
@@ -453,7 +453,7 @@ fn train(o: &Opts) {
     let secs = o.num("secs", 10);
     let workers = o.num("workers", 2).clamp(1, 64) as usize;
     let ms = |k, d| Duration::from_millis(o.num(k, d));
-    let (compute, allreduce, optim) = (ms("compute-ms", 500), ms("allreduce-ms", 400), ms("optim-ms", 400));
+    let (compute, allreduce, optim) = (ms("compute-ms", 500), ms("allreduce-ms", 500), ms("optim-ms", 500));
     let (decode, kernel) = (ms("decode-ms", 500), ms("kernel-ms", 20).max(Duration::from_millis(1)));
     let pid = std::process::id();
     let data_dir = o

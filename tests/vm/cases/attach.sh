@@ -37,6 +37,7 @@ loop=$!
 hog_up() { [ "$(tids_by_comm zt_batch | wc -l)" -ge 4 ]; }
 wait_until 10 hog_up
 tids=$(tids_by_comm zt_batch | tr '\n' ' ')
+tids=${tids% }
 check "zt_batch threads are running (tids: $tids)" hog_up
 # The daemon scans /proc periodically: give it a few scans to classify them.
 all_batch() { for t in $tids; do [ "$(ztask "$t" class)" = batch ] || return 1; done; }
@@ -49,12 +50,15 @@ for t in $tids; do
   a=$(ztask "$t" applied)
   [ "${a:-0}" -gt "$max_applied" ] 2>/dev/null && max_applied=$a
 done
-assert_ge "BPF applied the zt_batch entries (max applied)" "$max_applied" 1
+assert_ge "BPF applied the zt_batch entries (max applied=$max_applied)" "$max_applied" 1
 
-assert_gt "batch enqueued grew" "$(zcounter batch enqueued)" "$batch_enq0"
-assert_gt "normal enqueued > 0" "$(zcounter normal enqueued)" 0
-assert_gt "normal enqueued grew" "$(zcounter normal enqueued)" "$normal_enq0"
-assert_gt "dispatched counters moved" "$(zcounter_sum dispatched)" "$disp0"
+batch_enq1=$(zcounter batch enqueued)
+normal_enq1=$(zcounter normal enqueued)
+disp1=$(zcounter_sum dispatched)
+assert_gt "batch enqueued grew ($batch_enq0 -> $batch_enq1)" "$batch_enq1" "$batch_enq0"
+assert_gt "normal enqueued > 0 ($normal_enq1)" "$normal_enq1" 0
+assert_gt "normal enqueued grew ($normal_enq0 -> $normal_enq1)" "$normal_enq1" "$normal_enq0"
+assert_gt "dispatched counters moved ($disp0 -> $disp1)" "$disp1" "$disp0"
 
 wait "$hog"; hog_rc=$?
 assert_eq "zernel-workload hog exits 0" "$hog_rc" 0

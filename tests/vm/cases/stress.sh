@@ -30,10 +30,12 @@ assert_eq "stress-ng exits 0" "$?" 0
 
 assert_eq "state is still enabled" "$(sched_state)" enabled
 check "scx_zernel is still running" alive "$ZPID"
-for c in batch ml normal; do
-  assert_gt "$c enqueued > 0" "$(zcounter "$c" enqueued)" 0
+for c in batch ml latency normal; do
+  n=$(zcounter "$c" enqueued)
+  assert_gt "$c enqueued > 0 ($n)" "$n" 0
 done
-assert_gt "tasks were dispatched" "$(zcounter_sum dispatched)" 0
+n=$(zcounter_sum dispatched)
+assert_gt "tasks were dispatched ($n)" "$n" 0
 check "dmesg is clean under load" dmesg_clean
 
 zernel_stop INT

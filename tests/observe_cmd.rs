@@ -1,0 +1,232 @@
+//! `scx_zernel observe` on this host (no root, no sched_ext): runs
+//! `zernel-workload train` (with the file GPU provider) next to a plain
+//! shell busy loop and reads the JSON passes. The workload's threads must be
+//! listed with their roles, the trainer must reach GpuCompute and a
+//! DataLoader worker DataLoading, each with its policy class; the shell
+//! loop must never be listed.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use scx_zernel::config::Config;
+use serde_json::Value;
+
+/// Kills and reaps a child on drop, so a failing assertion leaves nothing behind.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("zernel-observe-cmd-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A config using the file GPU provider on `gpu_file`. Mode 0644: as root,
+/// scx_zernel refuses a config others can write.
+fn write_config(dir: &Path, gpu_file: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("zernel.toml");
+    std::fs::write(&path, format!("[gpu]\nprovider = \"file\"\nfile = {:?}\n", gpu_file.display().to_string()))
+        .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    path
+}
+
+fn observe(args: &[&str], config: &Path, stderr: &Path) -> Reaped {
+    Reaped(
+        Command::new(env!("CARGO_BIN_EXE_scx_zernel"))
+            .arg("observe")
+            .args(args)
+            .arg("--config")
+            .arg(config)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(stderr).unwrap())
+            .spawn()
+            .expect("starting scx_zernel observe"),
+    )
+}
+
+/// One thread row as seen in some pass.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Row {
+    pid: i64,
+    tid: i64,
+    comm: String,
+    role: String,
+    phase: String,
+    class: String,
+}
+
+#[test]
+fn observe_shows_the_workload_phases_and_decisions() {
+    let dir = TempDir::new("json");
+    let gpu_file = dir.0.join("gpu.json");
+    let config = write_config(&dir.0, &gpu_file);
+    let policy = Config::default().policy;
+    let (gpu_class, load_class) = (policy.gpu_compute.class.name(), policy.data_loading.class.name());
+
+    let train = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_zernel-workload"))
+            .args(["train", "--secs", "90", "--workers", "2", "--gpu-file"])
+            .arg(&gpu_file)
+            .arg("--data-dir")
+            .arg(dir.0.join("data"))
+            .env_remove("RANK")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("starting zernel-workload"),
+    );
+    let hog = Reaped(
+        Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .env_remove("RANK")
+            .env_remove("LOCAL_RANK")
+            .env_remove("WORLD_SIZE")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .spawn()
+            .expect("starting sh"),
+    );
+    let (train_pid, hog_pid) = (train.0.id() as i64, hog.0.id() as i64);
+
+    let stderr = dir.0.join("stderr");
+    let mut obs = observe(&["--count", "900", "--json", "--all"], &config, &stderr);
+    let lines = BufReader::new(obs.0.stdout.take().unwrap()).lines();
+
+    let mut rows: BTreeSet<Row> = BTreeSet::new();
+    let mut workers: BTreeSet<i64> = BTreeSet::new();
+    let mut passes = 0u64;
+    let seen = |rows: &BTreeSet<Row>, workers: &BTreeSet<i64>, f: &dyn Fn(&Row) -> bool| {
+        rows.iter().any(|r| (r.pid == train_pid || workers.contains(&r.pid)) && f(r))
+    };
+    let done = |rows: &BTreeSet<Row>, workers: &BTreeSet<i64>| {
+        seen(rows, workers, &|r| r.pid == train_pid && r.comm == "pt_main_thread" && r.role == "trainer")
+            && seen(rows, workers, &|r| r.comm == "NCCL Progress 0" && r.role == "nccl_progress")
+            && seen(rows, workers, &|r| workers.contains(&r.pid) && r.role == "data_loader")
+            && seen(rows, workers, &|r| {
+                r.comm == "pt_main_thread" && r.phase == "gpu_compute" && r.class == gpu_class
+            })
+            && seen(rows, workers, &|r| {
+                workers.contains(&r.pid) && r.phase == "data_loading" && r.class == load_class
+            })
+    };
+
+    let start = Instant::now();
+    for line in lines {
+        let line = line.expect("reading observe's output");
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        passes += 1;
+        assert_eq!(v["pass"].as_u64(), Some(passes), "passes are numbered from 1: {line}");
+        for p in v["processes"].as_array().expect("processes") {
+            let pid = p["pid"].as_i64().unwrap();
+            assert_ne!(pid, hog_pid, "the shell loop is listed: {p}");
+            if p["ppid"].as_i64() == Some(train_pid) {
+                workers.insert(pid);
+            }
+            if pid == train_pid {
+                assert_eq!(p["ml"], Value::Bool(true), "{p}");
+                assert!(p["evidence"].as_array().unwrap().iter().any(|e| e == "env_rank"), "{p}");
+            }
+            for t in p["threads"].as_array().expect("threads") {
+                let class = t["decision"]["class"].as_str().unwrap_or("-").to_string();
+                rows.insert(Row {
+                    pid,
+                    tid: t["tid"].as_i64().unwrap(),
+                    comm: t["comm"].as_str().unwrap().to_string(),
+                    role: t["role"].as_str().unwrap().to_string(),
+                    phase: t["phase"].as_str().unwrap().to_string(),
+                    class,
+                });
+            }
+        }
+        if (done(&rows, &workers) && passes >= 30) || start.elapsed() > Duration::from_secs(80) {
+            break;
+        }
+    }
+    drop(obs);
+
+    let report: String = rows
+        .iter()
+        .filter(|r| r.pid == train_pid || workers.contains(&r.pid))
+        .map(|r| format!("  {:>7} {:>7} {:<16} {:<14} {:<16} {}\n", r.pid, r.tid, r.comm, r.role, r.phase, r.class))
+        .collect();
+    let mut err = String::new();
+    let _ = std::fs::File::open(&stderr).and_then(|mut f| f.read_to_string(&mut err));
+    assert!(
+        done(&rows, &workers),
+        "after {passes} passes ({:?}) not everything was seen (trainer pid {train_pid}, workers {workers:?}):\n\
+         {report}stderr:\n{err}",
+        start.elapsed()
+    );
+    assert!(passes >= 30, "only {passes} passes; stderr:\n{err}");
+    assert!(workers.len() >= 2, "both DataLoader workers listed: {workers:?}");
+    // Phases only where they belong.
+    for r in &rows {
+        if r.phase == "gpu_compute" {
+            assert_eq!(r.comm, "pt_main_thread", "GpuCompute on the wrong thread:\n{report}");
+        }
+        if r.phase == "data_loading" {
+            assert!(workers.contains(&r.pid), "DataLoading outside the workers:\n{report}");
+        }
+    }
+    // The shell loop was running all along.
+    assert!(Path::new(&format!("/proc/{hog_pid}")).exists());
+}
+
+#[test]
+fn text_table_count_and_sigint() {
+    let dir = TempDir::new("text");
+    let config = write_config(&dir.0, &dir.0.join("no-gpu.json"));
+    let stderr = dir.0.join("stderr");
+
+    // --count: three tables, plain text (not a terminal: no escapes), exit 0.
+    let mut obs = observe(&["--count", "3", "--interval-ms", "50"], &config, &stderr);
+    let mut out = String::new();
+    obs.0.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    let status = obs.0.wait().unwrap();
+    let err = std::fs::read_to_string(&stderr).unwrap_or_default();
+    assert!(status.success(), "{status}; stderr:\n{err}");
+    for n in 1..=3 {
+        assert!(out.contains(&format!("scx_zernel observe: pass {n} at ")), "{out}");
+    }
+    assert!(!out.contains("pass 4 "), "{out}");
+    assert!(!out.contains('\x1b'), "escape codes in piped output");
+
+    // Without --count it runs until SIGINT, then exits 0.
+    let mut obs = observe(&["--json"], &config, &stderr);
+    let mut lines = BufReader::new(obs.0.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("a first pass").unwrap();
+    assert!(serde_json::from_str::<Value>(&first).is_ok(), "{first}");
+    unsafe { libc::kill(obs.0.id() as i32, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = obs.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "observe did not exit on SIGINT");
+        // Keep draining so a full pipe cannot block it.
+        if lines.next().is_none() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    assert!(status.success(), "{status}");
+}

@@ -1,0 +1,89 @@
+#!/bin/sh
+# vm: --smp 4 --numa --mem 2G
+#
+# GPU-aware NUMA placement on a two-node guest (node0 = CPUs 0-1, node1 =
+# CPUs 2-3). GPU 0 is pinned to node 1 by [topology]; a CPU-bound thread of a
+# process that uses GPU 0 (CUDA_VISIBLE_DEVICES=0) gets node=1 in the kernel's
+# map and then runs >= 90% of its samples on node 1 while node 1 has an idle
+# CPU. With node 1 saturated by hogs pinned there, the thread still runs
+# (taken by node 0's CPUs) instead of waiting. Its own affinity mask is
+# always respected.
+# shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
+. "$(dirname "$0")/../guest-lib.sh"
+
+assert_eq "guest has node1 with CPUs 2-3" "$(cat /sys/devices/system/node/node1/cpulist)" "2-3"
+
+cat >/tmp/gpu.json <<'JSON'
+{ "devices": [ { "index": 0, "uuid": "GPU-fake-0", "pci_bus_id": "00000000:3B:00.0", "util": 0 } ] }
+JSON
+cat >/tmp/numa.toml <<'TOML'
+[gpu]
+provider = "file"
+file = "/tmp/gpu.json"
+
+[topology]
+gpu_node = [{ gpu = 0, node = 1 }]
+TOML
+
+zernel_start /tmp/numa.toml || finish
+
+# cpu_of TID : the CPU the thread last ran on (field 39 of stat).
+cpu_of() { sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f37; }
+# sample TID N : N samples 50 ms apart; prints "on_node1 total".
+sample() {
+  _on=0 _tot=0 _i=0
+  while [ $_i -lt "$2" ]; do
+    _c=$(cpu_of "$1") || break
+    _tot=$((_tot + 1))
+    [ "$_c" -ge 2 ] && _on=$((_on + 1))
+    sleep 0.05; _i=$((_i + 1))
+  done
+  echo "$_on $_tot"
+}
+# utime+stime of thread TID of the feeder in ticks (the thread's own, not
+# the process-wide sums /proc/PID/stat gives for a main thread).
+ticks_of() { sed 's/.*) //' "/proc/$feeder/task/$1/stat" | awk '{ print $12 + $13 }'; }
+
+# Start the GPU thread on node 0 on purpose: it must move to node 1.
+CUDA_VISIBLE_DEVICES=0 taskset -c 0 zernel-workload hog --name gpu_feeder --secs 30 --threads 1 &
+feeder=$!
+wait_until 5 sh -c "[ -n \"\$(ls /proc/$feeder/task 2>/dev/null)\" ]"
+tid=$(tids_by_comm gpu_feeder | tail -n 1)
+taskset -p -c 0-3 "$tid" >/dev/null   # now free to move: the scheduler decides
+has_node1() { [ "$(ztask "$tid" node)" = 1 ]; }
+wait_until 10 has_node1
+assert_eq "kernel map holds node=1 for the GPU thread $tid" "$(ztask "$tid" node)" 1
+
+sleep 1
+set -- $(sample "$tid" 60)
+echo "samples on node 1 while it has idle CPUs: $1 of $2"
+assert_ge "runs >= 90% of samples on node 1 ($1/$2)" $(($1 * 100)) $(($2 * 90))
+assert_gt "select_cpu/enqueue used the preferred node (pref_node or kick)" \
+  "$(( $(zglobal pref_node) + $(zglobal kick) ))" 0
+
+# Saturate node 1 with pinned hogs: the GPU thread must still run.
+taskset -c 2-3 zernel-workload hog --name node1_hog --secs 12 --threads 4 &
+hogs=$!
+sleep 1
+t0=$(ticks_of "$tid") u0=$(cut -d' ' -f1 /proc/uptime | tr -d .)
+set -- $(sample "$tid" 60)
+t1=$(ticks_of "$tid") u1=$(cut -d' ' -f1 /proc/uptime | tr -d .)
+# 4 pinned hogs + this thread on node 1's 2 CPUs would give it <= 40% of a
+# CPU; node 0's idle CPUs taking it lets it run more.
+pct=$(( (t1 - t0) * 100 / (u1 - u0) ))
+echo "with node 1 saturated: $1 of $2 samples on node 1, $((t1 - t0)) of $((u1 - u0)) ticks on CPU ($pct%)"
+assert_ge "still runs with node 1 saturated (>= 50% of a CPU, got $pct%)" "$pct" 50
+assert_gt "it ran on node 0 CPUs (steals)" $(($2 - $1)) 0
+
+# Affinity: pinned to CPU 1 (node 0), it must never run on node 1.
+kill "$hogs" 2>/dev/null; wait "$hogs" 2>/dev/null
+taskset -p -c 1 "$tid" >/dev/null
+sleep 0.5
+set -- $(sample "$tid" 40)
+assert_eq "affinity respected: no sample on node 1 when pinned to CPU 1" "$1" 0
+
+kill "$feeder" 2>/dev/null; wait "$feeder" 2>/dev/null
+zernel_stop TERM
+assert_eq "SIGTERM: exit 0" "$ZRC" 0
+check "dmesg is clean" dmesg_clean
+finish
