@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use crossbeam::channel::RecvTimeoutError;
-use log::{info, warn};
+use log::{debug, info, warn};
 use scx_stats::prelude::StatsServer;
 
 use crate::config::{Config, ConfigError};
@@ -195,7 +195,12 @@ impl Pipeline {
                 self.matched.insert(tid, m);
             }
         }
-        self.detector.update(snap);
+        for c in self.detector.update(snap) {
+            if log::log_enabled!(log::Level::Debug) {
+                let comm = snap.threads.iter().find(|t| t.tid == c.tid).map_or("?", |t| &t.comm);
+                debug!("phase tid={} pid={} comm={comm:?} {} -> {}", c.tid, c.tgid, c.from, c.to);
+            }
+        }
         self.decided.clear();
         for t in &snap.threads {
             let tid = t.tid as u32;

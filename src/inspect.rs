@@ -6,7 +6,7 @@
 //! counter <class> <stat> <value>     per-class counters (summed over CPUs)
 //! global <name> <value>              global counters
 //! map_entries <n> / map_capacity <n> task_class fill level
-//! tid=<t> class=<c> slice_us=<n> cpu=<n> node=<n> preempt=<0|1> applied=<n>   (--tid)
+//! tid=<t> class=<c> slice_us=<n> cpu=<n> node=<n> preempt=<0|1> applied=<n>   (--tid, --entries)
 //! ```
 
 use std::path::Path;
@@ -29,7 +29,7 @@ pub fn format_entry(tid: u32, e: &Entry) -> String {
     )
 }
 
-pub fn run(cfg: &Config, tid: Option<u32>) -> Result<()> {
+pub fn run(cfg: &Config, tid: Option<u32>, entries: bool) -> Result<()> {
     if cfg.scheduler.pin_dir.is_empty() {
         bail!("scheduler.pin_dir is empty: the running instance pins no maps to inspect");
     }
@@ -38,6 +38,12 @@ pub fn run(cfg: &Config, tid: Option<u32>) -> Result<()> {
         match maps.entry(tid)? {
             Some(e) => println!("{}", format_entry(tid, &e)),
             None => bail!("tid {tid}: no entry (default class)"),
+        }
+        return Ok(());
+    }
+    if entries {
+        for (tid, e) in maps.entries()? {
+            println!("{}", format_entry(tid, &e));
         }
         return Ok(());
     }

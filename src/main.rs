@@ -88,8 +88,11 @@ enum Command {
     /// pinned maps; needs root).
     Inspect {
         /// Show the decision the kernel holds for this thread instead.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "entries")]
         tid: Option<u32>,
+        /// List every decision the kernel holds, one thread a line.
+        #[arg(long)]
+        entries: bool,
     },
     /// Show what the scheduler would do, attaching nothing (no root needed).
     ///
@@ -126,7 +129,9 @@ fn main() -> ExitCode {
 
     let source = daemon::Source { path: cli.config.clone(), mode: cli.mode };
     let result = match cli.command {
-        Some(Command::Inspect { tid }) => source.load().map_err(Into::into).and_then(|cfg| inspect::run(&cfg, tid)),
+        Some(Command::Inspect { tid, entries }) => {
+            source.load().map_err(Into::into).and_then(|cfg| inspect::run(&cfg, tid, entries))
+        }
         Some(Command::Observe(opts)) => source
             .load()
             .map_err(Into::into)

@@ -14,8 +14,10 @@
 //! ```
 //! A thread without a fresh sample (quiet thread between samples, first
 //! sight) gives no candidate and keeps its phase and streak. Threads of
-//! non-ML processes are always [`Phase::Unknown`] and are not tracked.
-//! Gone threads are forgotten; a recycled tid (new start time) starts over.
+//! non-ML processes are always [`Phase::Unknown`] and are not tracked (they
+//! cost nothing per pass). A thread that stops being ML goes back to
+//! Unknown at once (with a PhaseChange). Gone threads are forgotten
+//! silently; a recycled tid (new start time) starts over.
 //!
 //! The detector also keeps, for stats, how many threads are in each phase,
 //! how many transitions into each phase happened, and the thread-time spent
@@ -277,12 +279,8 @@ impl PhaseDetector {
         let need = self.cfg.phase_stability_count.max(1);
         for t in &snap.threads {
             if !t.ml {
-                // No longer ML (forced off, exec): back to Unknown at once.
-                if let Some(mut tr) = self.tracks.remove(&t.tid) {
-                    if tr.phase != Phase::Unknown && tr.start_ticks == t.start_ticks {
-                        Self::adopt(&mut self.stats, t.tid, &mut tr, Phase::Unknown, &mut out);
-                    }
-                }
+                // Not tracked; one that stopped being ML (forced off, exec)
+                // is dropped by the sweep below.
                 continue;
             }
             let fresh = Track {
@@ -314,8 +312,18 @@ impl PhaseDetector {
                 Self::adopt(&mut self.stats, t.tid, tr, cand, &mut out);
             }
         }
-        // Threads that vanished without being reported gone.
-        self.tracks.retain(|_, t| t.seen == generation);
+        // Threads no longer ML go back to Unknown at once; threads that
+        // vanished without being reported gone are dropped too.
+        let stats = &mut self.stats;
+        self.tracks.retain(|&tid, t| {
+            if t.seen == generation {
+                return true;
+            }
+            if t.phase != Phase::Unknown {
+                Self::adopt(stats, tid, t, Phase::Unknown, &mut out);
+            }
+            false
+        });
         self.stats.threads = [0; Phase::COUNT];
         for t in self.tracks.values() {
             self.stats.threads[t.phase.index()] += 1;

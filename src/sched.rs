@@ -310,6 +310,20 @@ impl Pinned {
         self.task_class.keys().count()
     }
 
+    /// Every (tid, entry) in the map (entries may vanish while iterating).
+    pub fn entries(&self) -> Result<Vec<(u32, Entry)>> {
+        let mut out = Vec::new();
+        for key in self.task_class.keys() {
+            let Ok(k) = <[u8; 4]>::try_from(key.as_slice()) else { continue };
+            let tid = u32::from_ne_bytes(k);
+            if let Some(e) = read_entry(&self.task_class, tid)? {
+                out.push((tid, e));
+            }
+        }
+        out.sort_by_key(|(t, _)| *t);
+        Ok(out)
+    }
+
     pub fn map_capacity(&self) -> u32 {
         self.task_class.max_entries()
     }
