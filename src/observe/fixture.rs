@@ -146,7 +146,7 @@ fn write(path: PathBuf, content: impl AsRef<[u8]>) {
 /// Writes (or rewrites) a process and all its threads under `root`.
 pub fn write_proc(root: &Path, p: &FakeProc) {
     let dir = root.join(p.pid.to_string());
-    let flags = if p.kernel_thread { 0x0020_0000 } else { 0x0040_0000 };
+    let flags = proc_flags(p);
     let main = &p.threads[0];
     write(
         dir.join("stat"),
@@ -182,12 +182,20 @@ pub fn write_proc(root: &Path, p: &FakeProc) {
     }
 }
 
+fn proc_flags(p: &FakeProc) -> u32 {
+    if p.kernel_thread {
+        0x0020_0000
+    } else {
+        0x0040_0000
+    }
+}
+
 /// Writes one thread's files.
 pub fn write_thread(root: &Path, p: &FakeProc, t: &FakeThread) {
     let dir = root.join(format!("{}/task/{}", p.pid, t.tid));
     write(
         dir.join("stat"),
-        stat_line(t.tid, &t.comm, t.state, p.ppid, 0x0040_0040, p.threads.len(), t.start, p.vsize, t.cpu, t.blkio_ticks),
+        stat_line(t.tid, &t.comm, t.state, p.ppid, proc_flags(p), p.threads.len(), t.start, p.vsize, t.cpu, t.blkio_ticks),
     );
     write(dir.join("comm"), format!("{}\n", t.comm));
     write(dir.join("schedstat"), format!("{} {} {}\n", t.cpu_ns, t.runq_ns, t.slices));

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //!            ML process                      non-ML process
-//! every pass  pread stat (comm/exec, ppid,   -
+//! every pass  pread main-thread stat         -
+//!             (comm/exec, ppid,
 //!             thread count), sample threads
 //! rescan      exe, cmdline, cgroup; fds+maps exe, cmdline, cgroup; stat;
 //! (1 s)       not needed (already ML)        fds+maps if vsize changed
@@ -84,6 +85,14 @@ fn proc_dir(root: &Path, pid: i32) -> PathBuf {
     root.join(pid.to_string())
 }
 
+/// The main thread's stat, not the process's: /proc/<pid>/stat sums the CPU
+/// times of every thread (O(threads) in the kernel, ~10 % of a pass with a
+/// 2,000-thread ML process), while the main thread's has the same comm,
+/// parent, start time, flags, vsize and thread count.
+fn leader_stat(root: &Path, pid: i32) -> PathBuf {
+    root.join(format!("{pid}/task/{pid}/stat"))
+}
+
 impl ProcEntry {
     /// Own evidence (environment, fds, maps), without inheritance.
     pub fn own_evidence(&self) -> (MlEvidence, Option<&str>) {
@@ -96,7 +105,7 @@ impl ProcEntry {
     pub fn discover(pid: i32, ctx: &mut PassCtx, s: &ProcSettings) -> Result<ProcEntry, ReadError> {
         let root = ctx.root;
         let mut stat = ProcFile::default();
-        stat.read(|| proc_dir(root, pid).join("stat"), ctx.budget, ctx.buf)?;
+        stat.read(|| leader_stat(root, pid), ctx.budget, ctx.buf)?;
         let st = parse_proc_stat(ctx.buf.bytes())?;
         // Stagger rescans over the interval so they do not all fall on one pass.
         let stagger = s.rescan_interval.mul_f64((pid.unsigned_abs() % 97) as f64 / 97.0);
@@ -233,7 +242,7 @@ impl ProcEntry {
     pub fn refresh(&mut self, ctx: &mut PassCtx, s: &ProcSettings) -> Result<(), ReadError> {
         let root = ctx.root;
         let pid = self.view.pid;
-        self.stat.read(|| proc_dir(root, pid).join("stat"), ctx.budget, ctx.buf)?;
+        self.stat.read(|| leader_stat(root, pid), ctx.budget, ctx.buf)?;
         let st = parse_proc_stat(ctx.buf.bytes())?;
         if st.start_ticks != self.view.start_ticks {
             return Err(ReadError::Gone);

@@ -313,8 +313,8 @@ fn vanishing_pids_threads_and_garbage() {
     write_proc(root, &q);
     // Garbage: a pid dir with unparsable stat, one with nothing in it, a
     // non-numeric entry.
-    std::fs::create_dir_all(root.join("95")).unwrap();
-    std::fs::write(root.join("95/stat"), "garbage").unwrap();
+    std::fs::create_dir_all(root.join("95/task/95")).unwrap();
+    std::fs::write(root.join("95/task/95/stat"), "garbage").unwrap();
     std::fs::create_dir_all(root.join("96")).unwrap();
     std::fs::create_dir_all(root.join("self")).unwrap();
 
@@ -349,7 +349,7 @@ fn vanishing_pids_threads_and_garbage() {
     assert!(s.process(90).is_some());
 
     // Files turning into garbage under a known process: skipped, no panic.
-    std::fs::write(root.join("90/stat"), "90 (bash) S").unwrap();
+    std::fs::write(root.join("90/task/90/stat"), "90 (bash) S").unwrap();
     std::fs::write(root.join("90/task/90/comm"), [0xff, 0xfe, b'\n']).unwrap();
     let s = poll(&mut o);
     assert!(s.process(90).is_some());

@@ -1,0 +1,335 @@
+#!/bin/sh
+# guest.sh - the guest half of the benchmark (bench/run.sh boots the VM).
+#
+#   sh bench/guest.sh [--short] [--reps N] [--scheds "eevdf zernel bpfland lavd"]
+#
+# Runs every case under each scheduler in turn, in one boot. Repetitions are
+# interleaved (rep 1: eevdf zernel bpfland lavd, rep 2: the same, ...) so that
+# a slow phase of the host (TCG shares its cores) does not land on one
+# scheduler only. Each scheduler is attached before its cases and detached
+# after them; the kernel's sched_ext state is checked both times.
+#
+# Cases (durations: full / --short):
+#   ml       zernel-workload train alone (30 s / 8 s), then again with
+#            `stress-ng --cpu 8` hogs on the 4 vCPUs (2x oversubscription).
+#            Steps/s, fake-GPU busy fraction and loader-wait p99 from the
+#            trainer's last line; its CPU time from `time -p`; the hogs' CPU
+#            time over the trainer's run from /proc, their bogo ops/s from
+#            stress-ng's --metrics-brief. Under a sched_ext scheduler, the
+#            struct_ops programs' run_time_ns/run_cnt (kernel.bpf_stats_enabled)
+#            are read from the scheduler process's fdinfo before and after the
+#            contended run.
+#   latency  cyclictest (SCHED_OTHER threads: an RT thread would bypass
+#            sched_ext) under `stress-ng --cpu 4`: p99 from the histogram, max;
+#            then a messaging benchmark alone: `perf bench sched messaging`
+#            if perf runs here, else rt-tests' hackbench (same benchmark).
+#   cost     sched_ext schedulers only: the scheduler process's CPU time
+#            (utime+stime) over a 10 s window (3 s --short) while a process
+#            with 2,000 mostly idle threads (500 --short) runs, ML (rank
+#            environment) and not.
+#
+# Output: one line per measurement, for bench/report.py:
+#   BENCH sched=NAME rep=N metric=NAME value=NUMBER
+#   BENCHMETA key=value...          facts about the run (tool versions, ...)
+#   BENCHNOTE sched=NAME text...    something a reader of the results must know
+# plus guest-lib's "ok - ..." / "not ok - ..." checks and its final
+# "N passed, N failed" line; exit 1 if a check failed.
+# shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
+. "$(dirname "$0")/../tests/vm/guest-lib.sh"
+
+REPS=3 SHORT=0 SCHEDS="eevdf zernel bpfland lavd"
+while [ $# -gt 0 ]; do
+  case $1 in
+    --short) SHORT=1 ;;
+    --reps) REPS=$2; shift ;;
+    --scheds) SCHEDS=$2; shift ;;
+    *) echo "guest.sh: unknown argument '$1'"; exit 2 ;;
+  esac
+  shift
+done
+
+if [ $SHORT = 1 ]; then
+  TRAIN_S=8 CT_S=4 MSG_ARGS="-g 2 -l 20" THREADS=500 SETTLE_S=3 WINDOW_S=3
+else
+  TRAIN_S=30 CT_S=10 MSG_ARGS="-g 4 -l 50" THREADS=2000 SETTLE_S=5 WINDOW_S=10
+fi
+CT_HIST=20000          # cyclictest histogram: 1 us buckets up to 20 ms
+NCPU=$(grep -c '^processor' /proc/cpuinfo)
+W=/tmp/bench
+mkdir -p "$W"
+
+# ---- small helpers ------------------------------------------------------------------
+# result SCHED REP METRIC VALUE : one result line (nothing if VALUE is empty).
+result() {
+  [ -n "$4" ] || { echo "# no value for $1 rep $2 $3"; return; }
+  echo "BENCH sched=$1 rep=$2 metric=$3 value=$4"
+}
+# calc EXPR : floating-point arithmetic (awk), e.g. calc "1 / 3".
+calc() { awk "BEGIN { printf \"%.6g\", $1 }"; }
+# up_cs : time since boot in hundredths of a second (an integer).
+up_cs() { tr -d . </proc/uptime | cut -d' ' -f1; }
+# field KEY FILE : the value of KEY=value in the last line of FILE holding it.
+field() { tr ' ' '\n' <"$2" | sed -n "s/^$1=//p" | tail -n1; }
+# ticks_of PID : utime+stime of a whole process, in clock ticks (1/100 s).
+ticks_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13 }'; }
+# ticks_by_comm PREFIX : utime+stime summed over processes whose comm starts
+# with PREFIX. cat, not awk on the glob: a process that exits in between makes
+# cat skip its file, where awk would stop.
+ticks_by_comm() {
+  cat /proc/[0-9]*/stat 2>/dev/null | awk -v p="($1" '
+    substr($2, 1, length(p)) == p { s = $0; sub(/^.*\) /, "", s); split(s, f, " "); t += f[12] + f[13] }
+    END { print t + 0 }'
+}
+# stop_bg PID : SIGINT a background job and reap it.
+stop_bg() { kill -INT "$1" 2>/dev/null; wait "$1" 2>/dev/null; }
+
+# ---- schedulers -------------------------------------------------------------------------
+SPID=""     # the running sched_ext scheduler's process
+
+# sched_start NAME : attach scheduler NAME (eevdf: check nothing is attached).
+# Waits <= 90 s for state `enabled` with an ops name starting with the
+# scheduler's (lavd's BPF program takes a while to verify under TCG).
+sched_start() {
+  local n=450 t0
+  assert_eq "[$1] sched_ext is disabled before" "$(sched_state)" disabled
+  [ "$1" = eevdf ] && return 0
+  t0=$(up_cs)
+  case $1 in
+    zernel) scx_zernel --config "$W/zernel.toml" >"$W/sched.log" 2>&1 & ;;
+    *) "scx_$1" >"$W/sched.log" 2>&1 & ;;
+  esac
+  SPID=$!
+  while [ $n -gt 0 ]; do
+    if [ "$(sched_state)" = enabled ]; then
+      case $(ops_name) in "$1"*)
+        _ok "[$1] attached: state enabled, ops $(ops_name) ($(calc "($(up_cs) - $t0) / 100") s)"
+        return 0 ;;
+      esac
+    fi
+    alive "$SPID" || break
+    sleep 0.2; n=$((n - 1))
+  done
+  _notok "[$1] attached" "state=$(sched_state) ops='$(ops_name)'"
+  echo "--- scheduler log (last 30 lines)"; tail -n 30 "$W/sched.log"; echo "---"
+  alive "$SPID" && kill -KILL "$SPID"
+  wait "$SPID" 2>/dev/null; SPID=""
+  return 1
+}
+
+# sched_stop NAME : SIGINT the scheduler, wait <= 20 s for its exit and <= 10 s
+# for state `disabled`.
+sched_stop() {
+  local n=100 rc
+  if [ -n "$SPID" ]; then
+    alive "$SPID" || echo "# [$1] the scheduler exited before it was stopped"
+    kill -INT "$SPID" 2>/dev/null
+    while alive "$SPID" && [ $n -gt 0 ]; do sleep 0.2; n=$((n - 1)); done
+    alive "$SPID" && kill -KILL "$SPID"
+    wait "$SPID"; rc=$?
+    SPID=""
+    assert_eq "[$1] exits 0 on SIGINT" "$rc" 0
+    [ "$rc" = 0 ] || { echo "--- scheduler log (last 30 lines)"; tail -n 30 "$W/sched.log"; echo "---"; }
+  fi
+  n=50
+  while [ "$(sched_state)" != disabled ] && [ $n -gt 0 ]; do sleep 0.2; n=$((n - 1)); done
+  assert_eq "[$1] sched_ext is disabled after" "$(sched_state)" disabled
+}
+
+# bpf_snapshot PID : one line per struct_ops program (prog_type 27) the process
+# holds an fd of: "prog_id name run_time_ns run_cnt". fdinfo has no name; the
+# name comes from the program's kallsyms symbol bpf_prog_<tag>_<name>.
+bpf_snapshot() {
+  awk '$3 ~ /^bpf_prog_/ { s = substr($3, 10); print substr(s, 1, 16), substr(s, 18) }' \
+    /proc/kallsyms >"$W/bpfsyms"
+  cat "/proc/$1/fdinfo/"* 2>/dev/null | awk -v syms="$W/bpfsyms" '
+    BEGIN { while ((getline l < syms) > 0) { split(l, a, " "); name[a[1]] = a[2] } }
+    function flush() {
+      if (id != "" && type == 27 && !seen[id]++) print id, (tag in name ? name[tag] : "tag_" tag), rt, rc
+      id = ""; type = ""; tag = ""; rt = 0; rc = 0
+    }
+    /^pos:/ { flush() }
+    /^prog_type:/ { type = $2 }
+    /^prog_tag:/ { tag = $2 }
+    /^prog_id:/ { id = $2 }
+    /^run_time_ns:/ { rt = $2 }
+    /^run_cnt:/ { rc = $2 }
+    END { flush() }'
+}
+
+# bpf_report SCHED REP BEFORE AFTER : ns per call of each program between two
+# snapshots, and over all of them (total run time / total calls).
+bpf_report() {
+  awk -v s="$1" -v r="$2" -v before="$3" -v secs="$5" '
+    FILENAME == before { t0[$1] = $3; c0[$1] = $4; next }
+    { dt = $3 - t0[$1]; dc = $4 - c0[$1]; T += dt; C += dc
+      if (dc > 0) printf "BENCH sched=%s rep=%s metric=bpf_ns.%s value=%.1f\n", s, r, $2, dt / dc
+      if (dc > 0) printf "BENCH sched=%s rep=%s metric=bpf_calls_per_s.%s value=%.0f\n", s, r, $2, dc / secs }
+    END { if (C > 0) printf "BENCH sched=%s rep=%s metric=bpf_ns_avg value=%.1f\n", s, r, T / C }
+  ' "$3" "$4"
+}
+
+# ---- case 1: the ML pipeline -------------------------------------------------------------
+# train_run OUT : run the trainer for TRAIN_S seconds; its last line goes to
+# OUT, `time -p` output (its CPU time, DataLoader workers included) to OUT.time.
+train_run() {
+  time -p zernel-workload train --gpu-file "$W/gpu.json" --secs "$TRAIN_S" --workers 2 \
+    --data-dir "$W/data" >"$1.full" 2>"$1.time"
+  grep '^zernel-workload train steps=' "$1.full" | tail -n1 >"$1"
+  [ -s "$1" ] || { echo "# trainer output:"; cat "$1.full" "$1.time"; }
+}
+# cpu_secs FILE : user+sys seconds from `time -p` output.
+cpu_secs() { awk '$1 == "user" || $1 == "sys" { t += $2 } END { print t + 0 }' "$1"; }
+
+case_ml() {
+  local s=$1 r=$2 hp h0 h1 u0 u1 b0 b1 ml_cpu win
+  # Alone.
+  train_run "$W/iso"
+  result "$s" "$r" ml_iso_steps_per_sec "$(field steps_per_sec "$W/iso")"
+  result "$s" "$r" ml_iso_gpu_busy_frac "$(field gpu_busy_frac "$W/iso")"
+  result "$s" "$r" ml_iso_loader_p99_ms "$(field loader_wait_p99_ms "$W/iso")"
+  result "$s" "$r" ml_iso_cpu "$(calc "$(cpu_secs "$W/iso.time") / $(field secs "$W/iso")")"
+
+  # With 2x oversubscription: 8 hogs on 4 vCPUs. They run from 1 s before the
+  # trainer starts until it ends (SIGINT: stress-ng then prints its metrics).
+  stress-ng --cpu $((2 * NCPU)) --timeout 3600s --metrics-brief >"$W/hogs.out" 2>&1 &
+  hp=$!
+  sleep 1
+  h0=$(ticks_by_comm stress-ng) u0=$(up_cs)
+  [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf0" && b0=$(ticks_of "$SPID")
+  train_run "$W/con"
+  h1=$(ticks_by_comm stress-ng) u1=$(up_cs)
+  [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf1" && b1=$(ticks_of "$SPID")
+  stop_bg "$hp"
+  win=$(calc "($u1 - $u0) / 100")
+  ml_cpu=$(cpu_secs "$W/con.time")
+  result "$s" "$r" ml_con_steps_per_sec "$(field steps_per_sec "$W/con")"
+  result "$s" "$r" ml_con_gpu_busy_frac "$(field gpu_busy_frac "$W/con")"
+  result "$s" "$r" ml_con_loader_p99_ms "$(field loader_wait_p99_ms "$W/con")"
+  result "$s" "$r" ml_con_cpu "$(calc "$ml_cpu / $win")"
+  # The hogs' share of what the ML job left: their CPU time over the trainer's
+  # run / (vCPUs x that time - the trainer's CPU time).
+  result "$s" "$r" hogs_cpu "$(calc "($h1 - $h0) / 100 / $win")"
+  result "$s" "$r" hogs_share_of_idle "$(calc "(($h1 - $h0) / 100) / ($NCPU * $win - $ml_cpu)")"
+  result "$s" "$r" hogs_bogo_ops_per_s \
+    "$(awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print $9 }' "$W/hogs.out")"
+  if [ -n "$SPID" ]; then
+    bpf_report "$s" "$r" "$W/bpf0" "$W/bpf1" "$win"
+    result "$s" "$r" sched_cpu_pct_ml_load "$(calc "($b1 - $b0) / $win")"
+  fi
+}
+
+# ---- case 2: general latency --------------------------------------------------------------
+# ct_parse FILE : "p99 max avg overflows" in us from cyclictest's histogram, all
+# threads together. p99 = CT_HIST when it lies in the overflow. The numbers
+# are zero-padded: num() strips the zeros, which busybox awk would read as octal.
+ct_parse() {
+  awk -v H="$CT_HIST" '
+    function num(x) { sub(/^0+/, "", x); return x + 0 }
+    /^[0-9]/ { b = num($1); for (i = 2; i <= NF; i++) { c[b] += num($i); tot += num($i) } }
+    /^# Histogram Overflows:/ { for (i = 4; i <= NF; i++) ovf += num($i) }
+    /^# Max Latencies:/ { for (i = 4; i <= NF; i++) if (num($i) > mx) mx = num($i) }
+    /^# Avg Latencies:/ { for (i = 4; i <= NF; i++) { avg += num($i); n++ } }
+    END {
+      all = tot + ovf; cum = 0; p = H
+      for (b = 0; b < H; b++) { cum += c[b]; if (cum >= 0.99 * all) { p = b; break } }
+      printf "%d %d %d %d\n", p, mx, (n ? avg / n : 0), ovf
+    }' "$1"
+}
+
+MSG_TOOL=""
+msg_pick() {
+  if command -v perf >/dev/null && perf bench sched messaging -g 1 -l 1 >/dev/null 2>&1; then
+    MSG_TOOL=perf
+  elif command -v hackbench >/dev/null; then
+    MSG_TOOL=hackbench
+  fi
+  echo "BENCHMETA messaging_tool=${MSG_TOOL:-none} messaging_args=\"$MSG_ARGS\""
+}
+# msg_run : seconds one messaging run takes (both tools print "...Time: S").
+msg_run() {
+  case $MSG_TOOL in
+    perf) perf bench sched messaging $MSG_ARGS 2>&1 ;;
+    hackbench) hackbench $MSG_ARGS 2>&1 ;;
+  esac | awk '/Time:/ { v = $NF == "[sec]" ? $(NF - 1) : $NF } END { print v }'
+}
+
+case_latency() {
+  local s=$1 r=$2 hp
+  stress-ng --cpu "$NCPU" --timeout 3600s >/dev/null 2>&1 &
+  hp=$!
+  sleep 1
+  cyclictest -q -m -t "$NCPU" -i 1000 -D "${CT_S}s" -h "$CT_HIST" >"$W/ct.out" 2>&1
+  stop_bg "$hp"
+  set -- "$s" "$r" $(ct_parse "$W/ct.out")
+  result "$1" "$2" cyclictest_p99_us "$3"
+  result "$1" "$2" cyclictest_max_us "$4"
+  result "$1" "$2" cyclictest_avg_us "$5"
+  [ "${6:-0}" -gt 0 ] && echo "BENCHNOTE sched=$1 rep $2: $6 cyclictest samples above ${CT_HIST} us"
+  [ -n "$MSG_TOOL" ] && result "$1" "$2" messaging_secs "$(msg_run)"
+}
+
+# ---- case 3: the scheduler's own cost ------------------------------------------------------
+case_cost() {
+  local s=$1 r=$2 v tp d0 d1 u0 u1 n
+  for v in ml plain; do
+    if [ $v = ml ]; then set -- --ml; else set --; fi
+    zernel-workload threads --count "$THREADS" --secs $((SETTLE_S + WINDOW_S + 30)) "$@" >"$W/thr.out" 2>&1 &
+    tp=$!
+    n=300   # 60 s to create the threads
+    while ! grep -q ready "$W/thr.out" && alive "$tp" && [ $n -gt 0 ]; do sleep 0.2; n=$((n - 1)); done
+    sleep "$SETTLE_S"   # the daemon discovers and classifies them
+    d0=$(ticks_of "$SPID") u0=$(up_cs)
+    sleep "$WINDOW_S"
+    d1=$(ticks_of "$SPID") u1=$(up_cs)
+    kill "$tp" 2>/dev/null; wait "$tp" 2>/dev/null
+    # ticks are 1/100 s, as is up_cs: their ratio x 100 is % of one CPU.
+    result "$s" "$r" "sched_cpu_pct_${v}_threads" "$(calc "($d1 - $d0) * 100 / ($u1 - $u0)")"
+  done
+}
+
+# ---- main ---------------------------------------------------------------------------------
+cat >"$W/zernel.toml" <<TOML
+# The trainer's fake GPU, through the file GPU provider; everything else default.
+[gpu]
+provider = "file"
+file = "$W/gpu.json"
+TOML
+sysctl -qw kernel.bpf_stats_enabled=1 2>/dev/null || echo 1 >/proc/sys/kernel/bpf_stats_enabled
+assert_eq "kernel.bpf_stats_enabled is 1" "$(cat /proc/sys/kernel/bpf_stats_enabled)" 1
+msg_pick
+echo "BENCHMETA kernel=$(uname -r) vcpus=$NCPU mem_kib=$(awk '/MemTotal/ { print $2 }' /proc/meminfo) reps=$REPS short=$SHORT train_s=$TRAIN_S cyclictest_s=$CT_S threads=$THREADS window_s=$WINDOW_S"
+echo "BENCHMETA stress_ng=\"$(stress-ng --version 2>&1 | head -n1)\" cyclictest=\"$(cyclictest --help 2>&1 | head -n1)\""
+for s in $SCHEDS; do
+  case $s in
+    zernel) v=$(scx_zernel --version 2>&1 | head -n1) ;;
+    eevdf) v="kernel $(uname -r)" ;;
+    *) v=$("scx_$s" --version 2>&1 | head -n1) ;;
+  esac
+  echo "BENCHMETA version.$s=\"$v\""
+done
+# Calibration: bogo ops per CPU-second of stress-ng's int64 method with every
+# vCPU busy; bench/run.sh measures the same on one host core. The ratio is a
+# rough factor of how much slower a guest CPU-second is than a native one.
+stress-ng --cpu "$NCPU" --cpu-method int64 --timeout "$((SHORT ? 2 : 5))s" --metrics-brief 2>&1 |
+  awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print "BENCHMETA calib_guest_ops_per_cpu_s=" $10 }'
+# Warm-up: the trainer's data files are made once, outside any measurement.
+zernel-workload train --gpu-file "$W/gpu.json" --secs 1 --workers 1 --data-dir "$W/data" >/dev/null 2>&1
+
+r=1
+while [ "$r" -le "$REPS" ]; do
+  for s in $SCHEDS; do
+    echo "# rep $r/$REPS: $s ($(uptime_s) s since boot)"
+    if sched_start "$s"; then
+      case_ml "$s" "$r"
+      case_latency "$s" "$r"
+      [ "$s" != eevdf ] && case_cost "$s" "$r"
+      [ "$s" = eevdf ] || alive "$SPID" || _notok "[$s] still running after its cases"
+    else
+      echo "BENCHNOTE sched=$s rep $r: failed to attach, no results"
+    fi
+    sched_stop "$s"
+  done
+  r=$((r + 1))
+done
+check "dmesg is clean" dmesg_clean
+finish
