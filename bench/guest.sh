@@ -20,7 +20,8 @@
 #            are read from the scheduler process's fdinfo before and after the
 #            contended run.
 #   latency  cyclictest (SCHED_OTHER threads: an RT thread would bypass
-#            sched_ext) under `stress-ng --cpu 4`: p99 from the histogram, max;
+#            sched_ext) under `stress-ng --cpu 4`: p99, max and average of
+#            every sample (-v);
 #            then a messaging benchmark alone: `perf bench sched messaging`
 #            if perf runs here, else rt-tests' hackbench (same benchmark).
 #   cost     sched_ext schedulers only: the scheduler process's CPU time
@@ -53,7 +54,6 @@ if [ $SHORT = 1 ]; then
 else
   TRAIN_S=30 CT_S=10 MSG_ARGS="-g 4 -l 50" THREADS=2000 SETTLE_S=5 WINDOW_S=10
 fi
-CT_HIST=20000          # cyclictest histogram: 1 us buckets up to 20 ms
 NCPU=$(grep -c '^processor' /proc/cpuinfo)
 W=/tmp/bench
 mkdir -p "$W"
@@ -181,7 +181,7 @@ train_run() {
 cpu_secs() { awk '$1 == "user" || $1 == "sys" { t += $2 } END { print t + 0 }' "$1"; }
 
 case_ml() {
-  local s=$1 r=$2 hp h0 h1 u0 u1 b0 b1 ml_cpu win
+  local s="$1" r="$2" hp h0 h1 u0 u1 b0 b1 ml_cpu win
   # Alone.
   train_run "$W/iso"
   result "$s" "$r" ml_iso_steps_per_sec "$(field steps_per_sec "$W/iso")"
@@ -219,21 +219,14 @@ case_ml() {
 }
 
 # ---- case 2: general latency --------------------------------------------------------------
-# ct_parse FILE : "p99 max avg overflows" in us from cyclictest's histogram, all
-# threads together. p99 = CT_HIST when it lies in the overflow. The numbers
-# are zero-padded: num() strips the zeros, which busybox awk would read as octal.
+# ct_parse FILE : "p99 max avg samples" in us, all threads together, from
+# cyclictest -v output (one "thread: cycle: latency" line per sample; exact,
+# where its histogram would cap at a fixed range that TCG latencies overrun).
 ct_parse() {
-  awk -v H="$CT_HIST" '
-    function num(x) { sub(/^0+/, "", x); return x + 0 }
-    /^[0-9]/ { b = num($1); for (i = 2; i <= NF; i++) { c[b] += num($i); tot += num($i) } }
-    /^# Histogram Overflows:/ { for (i = 4; i <= NF; i++) ovf += num($i) }
-    /^# Max Latencies:/ { for (i = 4; i <= NF; i++) if (num($i) > mx) mx = num($i) }
-    /^# Avg Latencies:/ { for (i = 4; i <= NF; i++) { avg += num($i); n++ } }
-    END {
-      all = tot + ovf; cum = 0; p = H
-      for (b = 0; b < H; b++) { cum += c[b]; if (cum >= 0.99 * all) { p = b; break } }
-      printf "%d %d %d %d\n", p, mx, (n ? avg / n : 0), ovf
-    }' "$1"
+  awk -F: 'NF == 3 && $1 ~ /^ *[0-9]+$/ && $3 ~ /^ *[0-9]+$/ { print $3 + 0 }' "$1" | sort -n |
+    awk '{ v[NR] = $1; s += $1 }
+      END { if (NR == 0) exit; i = int(NR * 0.99 + 0.999999); if (i < 1) i = 1
+            printf "%d %d %d %d\n", v[i], v[NR], s / NR, NR }'
 }
 
 MSG_TOOL=""
@@ -245,32 +238,35 @@ msg_pick() {
   fi
   echo "BENCHMETA messaging_tool=${MSG_TOOL:-none} messaging_args=\"$MSG_ARGS\""
 }
-# msg_run : seconds one messaging run takes (both tools print "...Time: S").
+# msg_run : seconds one messaging run takes (perf prints "Total time: S [sec]",
+# hackbench "Time: S").
 msg_run() {
+  # shellcheck disable=SC2086  # MSG_ARGS is a list of words
   case $MSG_TOOL in
     perf) perf bench sched messaging $MSG_ARGS 2>&1 ;;
     hackbench) hackbench $MSG_ARGS 2>&1 ;;
-  esac | awk '/Time:/ { v = $NF == "[sec]" ? $(NF - 1) : $NF } END { print v }'
+  esac | awk '/[Tt]ime:/ { v = $NF == "[sec]" ? $(NF - 1) : $NF } END { print v }'
 }
 
 case_latency() {
-  local s=$1 r=$2 hp
+  local s="$1" r="$2" hp
   stress-ng --cpu "$NCPU" --timeout 3600s >/dev/null 2>&1 &
   hp=$!
   sleep 1
-  cyclictest -q -m -t "$NCPU" -i 1000 -D "${CT_S}s" -h "$CT_HIST" >"$W/ct.out" 2>&1
+  cyclictest -q -m -t "$NCPU" -i 1000 -D "${CT_S}s" -v >"$W/ct.out" 2>&1
   stop_bg "$hp"
+  # shellcheck disable=SC2046  # four numbers
   set -- "$s" "$r" $(ct_parse "$W/ct.out")
-  result "$1" "$2" cyclictest_p99_us "$3"
-  result "$1" "$2" cyclictest_max_us "$4"
-  result "$1" "$2" cyclictest_avg_us "$5"
-  [ "${6:-0}" -gt 0 ] && echo "BENCHNOTE sched=$1 rep $2: $6 cyclictest samples above ${CT_HIST} us"
+  result "$1" "$2" cyclictest_p99_us "${3:-}"
+  result "$1" "$2" cyclictest_max_us "${4:-}"
+  result "$1" "$2" cyclictest_avg_us "${5:-}"
+  result "$1" "$2" cyclictest_samples "${6:-}"
   [ -n "$MSG_TOOL" ] && result "$1" "$2" messaging_secs "$(msg_run)"
 }
 
 # ---- case 3: the scheduler's own cost ------------------------------------------------------
 case_cost() {
-  local s=$1 r=$2 v tp d0 d1 u0 u1 n
+  local s="$1" r="$2" v tp d0 d1 u0 u1 n
   for v in ml plain; do
     if [ $v = ml ]; then set -- --ml; else set --; fi
     zernel-workload threads --count "$THREADS" --secs $((SETTLE_S + WINDOW_S + 30)) "$@" >"$W/thr.out" 2>&1 &

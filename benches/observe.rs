@@ -37,12 +37,23 @@ fn spawn(n: usize, ml: bool) -> Workload {
     if ml {
         cmd.arg("--ml");
     } else {
-        cmd.env_remove("RANK").env_remove("LOCAL_RANK").env_remove("WORLD_SIZE").env_remove("CUDA_VISIBLE_DEVICES");
+        cmd.env_remove("RANK")
+            .env_remove("LOCAL_RANK")
+            .env_remove("WORLD_SIZE")
+            .env_remove("CUDA_VISIBLE_DEVICES");
     }
-    let mut child = cmd.stdout(Stdio::piped()).spawn().expect("starting zernel-workload");
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting zernel-workload");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).expect("reading the ready line");
-    assert!(line.starts_with("zernel-workload threads ready"), "unexpected: {line}");
+    BufReader::new(child.stdout.take().expect("piped"))
+        .read_line(&mut line)
+        .expect("reading the ready line");
+    assert!(
+        line.starts_with("zernel-workload threads ready"),
+        "unexpected: {line}"
+    );
     Workload(child)
 }
 
@@ -124,16 +135,26 @@ fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let (passes, cpu_secs) = if quick { (20, 3) } else { (50, 10) };
     let cfg = ObserveConfig::default();
-    let no_tier = ObserveConfig { quiet_sample_interval_ms: 0, ..ObserveConfig::default() };
+    let no_tier = ObserveConfig {
+        quiet_sample_interval_ms: 0,
+        ..ObserveConfig::default()
+    };
 
     let base = time_passes(&cfg, passes);
     println!(
         "observer pass time, {passes} passes at 100 ms (host without workload: {} processes, {} threads)",
         base.processes, base.threads
     );
-    println!("{:<34} {:>7} {:>8} {:>8} {:>8} {:>16}", "case", "threads", "median", "p10", "p90", "per 1000 thr");
+    println!(
+        "{:<34} {:>7} {:>8} {:>8} {:>8} {:>16}",
+        "case", "threads", "median", "p10", "p90", "per 1000 thr"
+    );
     let row = |name: &str, n: usize, t: &Timing| {
-        let per_k = if n == 0 { f64::NAN } else { (t.median - base.median) / n as f64 * 1000.0 };
+        let per_k = if n == 0 {
+            f64::NAN
+        } else {
+            (t.median - base.median) / n as f64 * 1000.0
+        };
         println!(
             "{name:<34} {n:>7} {:>6.3}ms {:>6.3}ms {:>6.3}ms {:>14.3}ms",
             t.median, t.p10, t.p90, per_k
@@ -150,7 +171,11 @@ fn main() {
             std::thread::sleep(Duration::from_millis(300));
             let t = time_passes(c, passes);
             if ml {
-                assert!(t.ml_threads > n, "the workload should be ML: {} ML threads", t.ml_threads);
+                assert!(
+                    t.ml_threads > n,
+                    "the workload should be ML: {} ML threads",
+                    t.ml_threads
+                );
             }
             row(name, n, &t);
         }
@@ -166,5 +191,8 @@ fn main() {
         std::thread::sleep(Duration::from_millis(300));
         println!("{name:<40} {:>6.2} % of one core", daemon_cpu(c, cpu_secs));
     }
-    println!("host baseline (no workload)               {:>6.2} % of one core", daemon_cpu(&cfg, cpu_secs));
+    println!(
+        "host baseline (no workload)               {:>6.2} % of one core",
+        daemon_cpu(&cfg, cpu_secs)
+    );
 }

@@ -166,6 +166,7 @@ pub struct Config {
     pub topology: crate::topology::TopologyConfig,
     pub policy: PolicyConfig,
     pub rules: Vec<RuleConfig>,
+    pub tenants: Vec<crate::tenants::TenantConfig>,
 }
 
 /// A configuration error: always one line, naming the file.
@@ -223,6 +224,7 @@ impl Config {
         for (i, r) in self.rules.iter().enumerate() {
             r.validate().map_err(|e| format!("rules[{i}]: {e}"))?;
         }
+        crate::tenants::Tenants::compile(&self.tenants)?;
         Ok(())
     }
 

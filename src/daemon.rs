@@ -28,7 +28,8 @@ use crate::config::{Config, ConfigError};
 use crate::gpu::{self, GpuProvider};
 use crate::observe::{Observer, ProcessView, Snapshot};
 use crate::phase::{Phase, PhaseDetector};
-use crate::policy::Decision;
+use crate::policy::{Decision, Facts};
+use crate::tenants::Tenants;
 use crate::rules::{Identity, Rules};
 use crate::sched::{self, Scheduler, WriteError};
 use crate::stats::{self, Metrics};
@@ -119,6 +120,9 @@ struct Decisions {
 pub struct Pipeline {
     pub cfg: Config,
     rules: Rules,
+    tenants: Tenants,
+    /// The tenants changed (reload): their weights must reach the kernel.
+    pub tenants_changed: bool,
     topo: Topology,
     observer: Observer,
     gpu: Box<dyn GpuProvider>,
@@ -131,7 +135,10 @@ pub struct Pipeline {
 impl Pipeline {
     pub fn new(cfg: Config, topo: Topology) -> Result<Pipeline> {
         let rules = Rules::compile(&cfg.rules).map_err(anyhow::Error::msg)?;
+        let tenants = Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?;
         Ok(Pipeline {
+            tenants,
+            tenants_changed: false,
             observer: Observer::new(&cfg.observe),
             gpu: gpu::open(&cfg.gpu),
             detector: PhaseDetector::new(cfg.phase.clone()),
@@ -147,6 +154,10 @@ impl Pipeline {
     /// source); the scheduler section needs a restart and is kept.
     pub fn reconfigure(&mut self, mut cfg: Config) -> Result<()> {
         let rules = Rules::compile(&cfg.rules).map_err(anyhow::Error::msg)?;
+        let tenants = Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?;
+        if tenants.len() != self.tenants.len() {
+            bail!("the number of [[tenants]] changed ({} -> {}): restart scx_zernel to apply", self.tenants.len(), tenants.len());
+        }
         let mut topo = self.topo.clone();
         topo.apply_config(&cfg.topology).map_err(anyhow::Error::msg)?;
         if cfg.scheduler != self.cfg.scheduler {
@@ -162,7 +173,9 @@ impl Pipeline {
         if cfg.phase != self.cfg.phase {
             self.detector = PhaseDetector::new(cfg.phase.clone());
         }
+        self.tenants_changed |= cfg.tenants != self.cfg.tenants;
         self.rules = rules;
+        self.tenants = tenants;
         self.topo = topo;
         self.matched.clear();
         self.cfg = cfg;
@@ -206,8 +219,14 @@ impl Pipeline {
             let tid = t.tid as u32;
             let verdict = self.matched.get(&tid).and_then(|m| m.as_ref()).map(|m| m.verdict);
             let phase = self.detector.phase(t.tid);
-            let node = if t.ml { self.topo.preferred_node_for_gpus(&snap.process_of(t).gpu.devices) } else { None };
-            if let Some(d) = self.cfg.policy.decide(verdict.as_ref(), phase, node, self.cfg.scheduler.default_class) {
+            let p = snap.process_of(t);
+            let facts = Facts {
+                rule: verdict,
+                phase,
+                node: if t.ml { self.topo.preferred_node_for_gpus(&p.gpu.devices) } else { None },
+                tenant: if self.tenants.is_empty() { None } else { self.tenants.of_cgroup(&p.cgroup) },
+            };
+            if let Some(d) = self.cfg.policy.decide(&facts, self.cfg.scheduler.default_class) {
                 self.decided.push((tid, t.start_ticks, d));
             }
         }
@@ -315,7 +334,7 @@ pub fn run(
     let mut open_object = MaybeUninit::uninit();
     let mut pipeline = Pipeline::new(cfg, topo.clone())?;
     loop {
-        let mut sched = Scheduler::init(&pipeline.cfg.scheduler, &topo, &mut open_object)?;
+        let mut sched = Scheduler::init(&pipeline.cfg.scheduler, &topo, &pipeline.tenants, &mut open_object)?;
         let bpf_exited = serve(&mut sched, &mut pipeline, source, stats_every, published.as_ref(), &shutdown, &reload)?;
         let uei = sched.shutdown()?;
         if uei.should_restart() {
@@ -377,6 +396,9 @@ fn serve(
             }
         }
 
+        if std::mem::take(&mut pipeline.tenants_changed) {
+            sched.set_tenant_weights(&pipeline.tenants)?;
+        }
         pipeline.pass();
         let (written, full) = decisions.apply(sched, pipeline.snapshot(), pipeline.decisions());
         metrics.decisions_written += written;

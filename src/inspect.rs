@@ -5,8 +5,9 @@
 //! ```text
 //! counter <class> <stat> <value>     per-class counters (summed over CPUs)
 //! global <name> <value>              global counters
+//! tenant <name> cpu_ns <n>         CPU time used by each tenant's tasks
 //! map_entries <n> / map_capacity <n> task_class fill level
-//! tid=<t> class=<c> slice_us=<n> cpu=<n> node=<n> preempt=<0|1> applied=<n>   (--tid, --entries)
+//! tid=<t> class=<c> slice_us=<n> cpu=<n> node=<n> tenant=<n> preempt=<0|1> applied=<n>   (--tid, --entries)
 //! ```
 
 use std::path::Path;
@@ -20,10 +21,11 @@ use crate::sched::{Entry, Pinned, CLASS_STAT_NAMES, GLOBAL_STAT_NAMES};
 pub fn format_entry(tid: u32, e: &Entry) -> String {
     let class = Class::from_index(e.class).map_or_else(|| format!("#{}", e.class), |c| c.name().to_string());
     format!(
-        "tid={tid} class={class} slice_us={} cpu={} node={} preempt={} applied={}",
+        "tid={tid} class={class} slice_us={} cpu={} node={} tenant={} preempt={} applied={}",
         e.slice_ns / 1000,
         e.cpu,
         e.node,
+        e.tenant,
         u8::from(e.preempt),
         e.applied
     )
@@ -55,6 +57,9 @@ pub fn run(cfg: &Config, tid: Option<u32>, entries: bool) -> Result<()> {
     }
     for (i, name) in GLOBAL_STAT_NAMES.iter().enumerate() {
         println!("global {name} {}", c.global[i]);
+    }
+    for (i, t) in cfg.tenants.iter().enumerate() {
+        println!("tenant {} cpu_ns {}", t.name, c.tenant_ns[i]);
     }
     println!("map_entries {}", maps.map_entries());
     println!("map_capacity {}", maps.map_capacity());

@@ -23,6 +23,7 @@ pub mod policy;
 pub mod rules;
 pub mod sched;
 pub mod stats;
+pub mod tenants;
 pub mod topology;
 
 /// Structs and constants shared with the BPF side (generated from src/bpf/intf.h).

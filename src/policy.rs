@@ -114,30 +114,24 @@ pub struct Decision {
     pub cpu: i32,
     /// Preferred NUMA node, -1 = none.
     pub node: i32,
+    /// Tenant index, -1 = none.
+    pub tenant: i32,
     pub preempt: bool,
 }
 
 impl PolicyConfig {
     /// The decision for a thread, or None when the kernel default applies.
-    /// `node` is the NUMA node of the thread's GPU; a thread with a node but
-    /// neither rule nor phase still gets a decision, in `default_class`, so
-    /// that it is placed near its GPU.
-    pub fn decide(
-        &self,
-        rule: Option<&RuleVerdict>,
-        phase: Phase,
-        node: Option<usize>,
-        default_class: Class,
-    ) -> Option<Decision> {
-        let pp = self.for_phase(phase);
-        if rule.is_none() && pp.is_none() && node.is_none() {
-            return None;
-        }
-        let rule = rule.copied().unwrap_or_default();
+    /// A thread with a GPU node or a tenant but neither rule nor phase still
+    /// gets a decision, in `default_class`, so that it is placed near its
+    /// GPU and charged to its tenant.
+    pub fn decide(&self, f: &Facts, default_class: Class) -> Option<Decision> {
+        let pp = self.for_phase(f.phase);
+        let rule = f.rule.unwrap_or_default();
+        let placed = f.node.is_some() || f.tenant.is_some() || rule.cpu.is_some() || rule.slice_us.is_some();
         let class = match (rule.class, pp) {
             (Some(c), _) => c,
             (None, Some(p)) => p.class,
-            (None, None) if node.is_some() || rule.cpu.is_some() || rule.slice_us.is_some() => default_class,
+            (None, None) if placed => default_class,
             (None, None) => return None,
         };
         let slice_ns = match (rule.slice_us, pp) {
@@ -149,10 +143,22 @@ impl PolicyConfig {
             class,
             slice_ns,
             cpu: rule.cpu.unwrap_or(-1),
-            node: node.map_or(-1, |n| n as i32),
+            node: f.node.map_or(-1, |n| n as i32),
+            tenant: f.tenant.map_or(-1, |t| t as i32),
             preempt: pp.is_some_and(|p| p.preempt),
         })
     }
+}
+
+/// What is known of a thread when its decision is made.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Facts {
+    pub rule: Option<RuleVerdict>,
+    pub phase: Phase,
+    /// NUMA node of the thread's GPU.
+    pub node: Option<usize>,
+    /// Tenant index.
+    pub tenant: Option<usize>,
 }
 
 #[cfg(test)]
@@ -162,13 +168,13 @@ mod tests {
     #[test]
     fn every_ml_phase_has_a_decision_and_unknown_has_none() {
         let p = PolicyConfig::default();
-        assert_eq!(p.decide(None, Phase::Unknown, None, Class::Normal), None);
-        let gc = p.decide(None, Phase::GpuCompute, None, Class::Normal).unwrap();
+        assert_eq!(p.decide(&Facts { rule: None, phase: Phase::Unknown, node: None, tenant: None }, Class::Normal), None);
+        let gc = p.decide(&Facts { rule: None, phase: Phase::GpuCompute, node: None, tenant: None }, Class::Normal).unwrap();
         assert_eq!((gc.class, gc.preempt, gc.slice_ns, gc.node), (Class::Latency, true, 1_000_000, -1));
-        let nc = p.decide(None, Phase::NcclCollective, Some(1), Class::Normal).unwrap();
+        let nc = p.decide(&Facts { rule: None, phase: Phase::NcclCollective, node: Some(1), tenant: None }, Class::Normal).unwrap();
         assert_eq!((nc.class, nc.node), (Class::Latency, 1));
-        assert_eq!(p.decide(None, Phase::DataLoading, None, Class::Normal).unwrap().class, Class::Ml);
-        let os = p.decide(None, Phase::OptimizerStep, None, Class::Normal).unwrap();
+        assert_eq!(p.decide(&Facts { rule: None, phase: Phase::DataLoading, node: None, tenant: None }, Class::Normal).unwrap().class, Class::Ml);
+        let os = p.decide(&Facts { rule: None, phase: Phase::OptimizerStep, node: None, tenant: None }, Class::Normal).unwrap();
         assert_eq!((os.class, os.preempt, os.slice_ns), (Class::Ml, false, 8_000_000));
     }
 
@@ -176,21 +182,26 @@ mod tests {
     fn rule_class_wins_and_phase_refines() {
         let p = PolicyConfig::default();
         let r = RuleVerdict { class: Some(Class::Batch), slice_us: None, cpu: Some(3) };
-        let d = p.decide(Some(&r), Phase::GpuCompute, None, Class::Normal).unwrap();
+        let d = p.decide(&Facts { rule: Some(r), phase: Phase::GpuCompute, node: None, tenant: None }, Class::Normal).unwrap();
         assert_eq!((d.class, d.preempt, d.slice_ns, d.cpu), (Class::Batch, true, 1_000_000, 3));
-        let d = p.decide(Some(&r), Phase::Unknown, None, Class::Normal).unwrap();
+        let d = p.decide(&Facts { rule: Some(r), phase: Phase::Unknown, node: None, tenant: None }, Class::Normal).unwrap();
         assert_eq!((d.class, d.preempt, d.slice_ns), (Class::Batch, false, 0));
         let r = RuleVerdict { slice_us: Some(500), ..Default::default() };
-        let d = p.decide(Some(&r), Phase::DataLoading, None, Class::Normal).unwrap();
+        let d = p.decide(&Facts { rule: Some(r), phase: Phase::DataLoading, node: None, tenant: None }, Class::Normal).unwrap();
         assert_eq!((d.class, d.slice_ns), (Class::Ml, 500_000));
         // A rule with only a slice keeps the default class.
-        let d = p.decide(Some(&r), Phase::Unknown, None, Class::Batch).unwrap();
+        let d = p.decide(&Facts { rule: Some(r), phase: Phase::Unknown, node: None, tenant: None }, Class::Batch).unwrap();
         assert_eq!((d.class, d.slice_ns), (Class::Batch, 500_000));
         // A GPU's node alone gives a placement in the default class.
-        let d = p.decide(None, Phase::Unknown, Some(1), Class::Normal).unwrap();
-        assert_eq!((d.class, d.node, d.slice_ns, d.preempt), (Class::Normal, 1, 0, false));
+        let d = p.decide(&Facts { rule: None, phase: Phase::Unknown, node: Some(1), tenant: None }, Class::Normal).unwrap();
+        assert_eq!((d.class, d.node, d.slice_ns, d.preempt, d.tenant), (Class::Normal, 1, 0, false, -1));
+        // A tenant alone too, and the tenant rides along with a phase.
+        let d = p.decide(&Facts { tenant: Some(2), ..Default::default() }, Class::Batch).unwrap();
+        assert_eq!((d.class, d.tenant), (Class::Batch, 2));
+        let d = p.decide(&Facts { tenant: Some(0), phase: Phase::DataLoading, ..Default::default() }, Class::Normal).unwrap();
+        assert_eq!((d.class, d.tenant), (Class::Ml, 0));
         // Nothing to say: no decision.
-        assert_eq!(p.decide(Some(&RuleVerdict::default()), Phase::Unknown, None, Class::Normal), None);
+        assert_eq!(p.decide(&Facts { rule: Some(RuleVerdict::default()), ..Default::default() }, Class::Normal), None);
     }
 
     #[test]

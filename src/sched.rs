@@ -24,6 +24,7 @@ use crate::bpf_intf;
 use crate::bpf_skel::{BpfSkel, BpfSkelBuilder};
 use crate::config::{Class, SchedulerConfig};
 use crate::policy::Decision;
+use crate::tenants::Tenants;
 use crate::topology::Topology;
 
 const SCHED_EXT: &str = "/sys/kernel/sched_ext";
@@ -59,6 +60,8 @@ fn encode(d: &Decision, start_ticks: u64) -> bpf_intf::task_class {
         slice_ns: d.slice_ns,
         cpu: d.cpu,
         node: d.node,
+        tenant: d.tenant,
+        pad: 0,
         start_ticks,
         applied: 0,
     }
@@ -85,14 +88,16 @@ pub struct Counters {
     pub class: [[u64; bpf_intf::zernel_class_stat_ZSTAT_CLASS_NR as usize]; 4],
     /// [enum zernel_global_stat]
     pub global: [u64; bpf_intf::zernel_global_stat_ZGSTAT_NR as usize],
+    /// CPU time used by each tenant's tasks, ns.
+    pub tenant_ns: [u64; bpf_intf::zernel_consts_ZERNEL_MAX_TENANTS as usize],
 }
 
 /// Names of the per-class counters, in `enum zernel_class_stat` order.
 pub const CLASS_STAT_NAMES: [&str; 5] = ["enqueued", "dispatched", "direct", "preempted", "starved"];
 /// Names of the global counters, in `enum zernel_global_stat` order.
-pub const GLOBAL_STAT_NAMES: [&str; 10] = [
+pub const GLOBAL_STAT_NAMES: [&str; 11] = [
     "map_hit", "map_miss", "map_stale", "pref_cpu", "pref_node", "pref_llc", "idle_any", "steal", "kick",
-    "exit_del",
+    "exit_del", "tenant_dispatch",
 ];
 
 impl Counters {
@@ -106,6 +111,9 @@ impl Counters {
                 }
             }
             for (d, x) in c.global.iter_mut().zip(s.glob.iter()) {
+                *d += x;
+            }
+            for (d, x) in c.tenant_ns.iter_mut().zip(s.tenant_ns.iter()) {
                 *d += x;
             }
         }
@@ -132,6 +140,7 @@ pub struct Entry {
     pub slice_ns: u64,
     pub cpu: i32,
     pub node: i32,
+    pub tenant: i32,
     pub preempt: bool,
     pub start_ticks: u64,
     pub applied: u64,
@@ -144,6 +153,7 @@ fn read_entry(map: &dyn MapCore, tid: u32) -> Result<Option<Entry>> {
         slice_ns: t.slice_ns,
         cpu: t.cpu,
         node: t.node,
+        tenant: t.tenant,
         preempt: t.flags & bpf_intf::zernel_task_flags_ZFLAG_PREEMPT != 0,
         start_ticks: t.start_ticks,
         applied: t.applied,
@@ -163,6 +173,8 @@ pub struct Scheduler<'a> {
     skel: BpfSkel<'a>,
     link: Option<libbpf_rs::Link>,
     pin_dir: Option<PathBuf>,
+    /// Tenant queues created at load; reloads cannot change the count.
+    nr_tenants: usize,
 }
 
 impl<'a> Scheduler<'a> {
@@ -170,6 +182,7 @@ impl<'a> Scheduler<'a> {
     pub fn init(
         cfg: &SchedulerConfig,
         topo: &Topology,
+        tenants: &Tenants,
         open_object: &'a mut MaybeUninit<OpenObject>,
     ) -> Result<Self> {
         scx_utils::try_set_rlimit_infinity();
@@ -188,6 +201,7 @@ impl<'a> Scheduler<'a> {
         rodata.nr_cpus = nr_cpus as u32;
         rodata.nr_nodes = nr_nodes as u32;
         rodata.numa_enabled = numa;
+        rodata.nr_tenants = tenants.len() as u32;
         for cpu in 0..nr_cpus {
             rodata.cpu_node[cpu] = topo.cpu_node(cpu).unwrap_or(0).min(nr_nodes - 1) as i32;
         }
@@ -198,7 +212,8 @@ impl<'a> Scheduler<'a> {
         ops.flags = *compat::SCX_OPS_ENQ_LAST | if numa { *compat::SCX_OPS_BUILTIN_IDLE_PER_NODE } else { 0 };
 
         let skel = scx_ops_load!(skel, zernel_ops, uei)?;
-        let mut sched = Scheduler { skel, link: None, pin_dir: None };
+        let mut sched = Scheduler { skel, link: None, pin_dir: None, nr_tenants: tenants.len() };
+        sched.set_tenant_weights(tenants)?;
         if !cfg.pin_dir.is_empty() {
             sched.pin(Path::new(&cfg.pin_dir))?;
         }
@@ -230,6 +245,17 @@ impl<'a> Scheduler<'a> {
                 _ => WriteError::Other(e.to_string()),
             }
         })
+    }
+
+    /// Writes the tenants' weights (same tenant count as at load).
+    pub fn set_tenant_weights(&self, tenants: &Tenants) -> Result<()> {
+        if tenants.len() != self.nr_tenants {
+            bail!("the number of tenants changed ({} -> {}): restart scx_zernel to apply", self.nr_tenants, tenants.len());
+        }
+        for (i, w) in tenants.weights().iter().enumerate() {
+            self.skel.maps.tenant_weight.update(&(i as u32).to_ne_bytes(), &w.to_ne_bytes(), MapFlags::ANY)?;
+        }
+        Ok(())
     }
 
     /// Forgets a thread's decision (absent is fine: exit_task may have been first).

@@ -17,6 +17,11 @@ typedef long long s64;
 enum zernel_consts {
 	ZERNEL_MAX_CPUS		= 1024,
 	ZERNEL_MAX_NODES	= 16,
+	ZERNEL_MAX_TENANTS	= 16,
+	/* Tenant queues: dsq id = ZERNEL_TENANT_DSQ + tenant. */
+	ZERNEL_TENANT_DSQ	= 0x10000,
+	/* Tenant weights are relative to this one. */
+	ZERNEL_WEIGHT_UNIT	= 1024,
 	/* Default capacity of the task_class map (daemon may resize). */
 	ZERNEL_TASK_MAP_DEFAULT	= 65536,
 	/* USER_HZ: /proc/<pid>/stat start times are in these ticks. */
@@ -53,6 +58,8 @@ struct task_class {
 	u64	slice_ns;	/* 0 = the class default */
 	s32	cpu;		/* preferred CPU, -1 = none */
 	s32	node;		/* preferred NUMA node, -1 = none */
+	s32	tenant;		/* tenant index, -1 = none */
+	u32	pad;
 	u64	start_ticks;	/* task start time in USER_HZ ticks */
 	u64	applied;	/* written by BPF: times this entry was applied */
 };
@@ -79,6 +86,7 @@ enum zernel_global_stat {
 	ZGSTAT_STEAL,		/* dispatches from another node's queue */
 	ZGSTAT_KICK,		/* idle CPUs kicked on enqueue */
 	ZGSTAT_EXIT_DEL,	/* entries deleted by exit_task */
+	ZGSTAT_TENANT_DISP,	/* dispatches from tenant queues */
 	ZGSTAT_NR,
 };
 
@@ -86,6 +94,7 @@ enum zernel_global_stat {
 struct zernel_stats {
 	u64	cls[ZCLASS_NR][ZSTAT_CLASS_NR];
 	u64	glob[ZGSTAT_NR];
+	u64	tenant_ns[ZERNEL_MAX_TENANTS];	/* CPU time used per tenant */
 };
 
 #endif /* __ZERNEL_INTF_H */

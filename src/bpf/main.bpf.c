@@ -17,10 +17,20 @@
  *              alone on the wrong node moves to its node's idle CPU
  *   CPU free ─> zernel_dispatch:
  *              1. any queue whose head waited > starve_ns (oldest first)
- *              2. own node's queues, latency > ml > normal > batch
- *              3. other nodes' queues, same order, from nodes with no idle
+ *              2. own node's latency queue
+ *              3. tenants: the tenant with queued work and the least
+ *                 weighted CPU time (vtime += runtime * UNIT / weight)
+ *              4. own node's queues, ml > normal > batch
+ *              5. other nodes' queues, same order, from nodes with no idle
  *                 CPU (steal: work-conserving, but a node's own idle CPUs
  *                 get its work first)
+ *
+ * Tenants: a thread the daemon puts in a tenant (its cgroup) and that is not
+ * latency-critical is queued in its tenant's queue. Tenants share the CPU in
+ * proportion to their weights; a tenant with nothing queued is skipped, so
+ * others use its share (borrowing), and one that comes back starts at the
+ * current virtual time, so it gets its share back at once, with no credit
+ * for the time it was idle.
  *
  * A decision is tied to one task's lifetime by its start time: an entry
  * whose start time differs from the task's belongs to a recycled TID and is
@@ -43,6 +53,7 @@ const volatile u32 default_class = ZCLASS_NORMAL;
 const volatile u32 nr_cpus = 1;
 const volatile u32 nr_nodes = 1;
 const volatile bool numa_enabled;
+const volatile u32 nr_tenants;
 const volatile s32 cpu_node[ZERNEL_MAX_CPUS];
 
 #define NSEC_PER_TICK	(1000000000ULL / ZERNEL_USER_HZ)
@@ -63,9 +74,23 @@ struct {
 	__type(value, struct zernel_stats);
 } stats SEC(".maps");
 
-/* The class each task was last queued with (read when it starts running). */
+/* Tenant weights, written by the daemon (0 = tenant unused). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, ZERNEL_MAX_TENANTS);
+	__type(key, u32);
+	__type(value, u64);
+} tenant_weight SEC(".maps");
+
+/* Per-tenant virtual time (weighted CPU time), and the newest one served. */
+u64 tenant_vtime[ZERNEL_MAX_TENANTS];
+u64 vtime_now;
+
+/* What each task was last queued with (read when it runs and stops). */
 struct task_ctx {
 	u32	class;
+	s32	tenant;
+	u64	started_at;
 };
 
 struct {
@@ -165,13 +190,32 @@ static __always_inline u64 slice_of(const struct task_class *tc, u32 class)
 	return SCX_SLICE_DFL;
 }
 
-static __always_inline void remember_class(struct task_struct *p, u32 class)
+static __always_inline void remember(struct task_struct *p, u32 class,
+				     s32 tenant)
 {
 	struct task_ctx *tctx;
 
 	tctx = bpf_task_storage_get(&task_ctxs, p, 0, 0);
-	if (tctx)
+	if (tctx) {
 		tctx->class = class;
+		tctx->tenant = tenant;
+	}
+}
+
+/* The tenant @tc puts its task in, -1 for none. */
+static __always_inline s32 tenant_of(const struct task_class *tc, u32 class)
+{
+	if (!tc || tc->tenant < 0 || tc->tenant >= ZERNEL_MAX_TENANTS ||
+	    class == ZCLASS_LATENCY)
+		return -1;
+	return tc->tenant;
+}
+
+static __always_inline u64 weight_of(u32 tenant)
+{
+	u64 *w = bpf_map_lookup_elem(&tenant_weight, &tenant);
+
+	return w && *w ? *w : ZERNEL_WEIGHT_UNIT;
 }
 
 /* Claims an idle CPU on @node that @p may use; -1 if none. */
@@ -253,7 +297,7 @@ direct:
 	scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL, slice_of(tc, class), 0);
 	stat_cls(class, ZSTAT_ENQUEUED);
 	stat_cls(class, ZSTAT_DIRECT);
-	remember_class(p, class);
+	remember(p, class, tenant_of(tc, class));
 	return cpu;
 }
 
@@ -284,9 +328,10 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	struct task_class *tc = lookup_decision(p);
 	u32 class = class_of(tc);
 	u64 slice = slice_of(tc, class);
-	s32 node, cpu;
+	s32 node, cpu, tenant;
 
-	remember_class(p, class);
+	tenant = tenant_of(tc, class);
+	remember(p, class, tenant);
 	stat_cls(class, ZSTAT_ENQUEUED);
 
 	/* Preempt a CPU that runs a lower class: no waiting a whole slice. */
@@ -302,8 +347,25 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 
 	node = tc && tc->node >= 0 && tc->node < nr_nodes ?
 		tc->node : node_of(scx_bpf_task_cpu(p));
-	scx_bpf_dsq_insert_vtime(p, dsq_id(node, class), slice,
-				 bpf_ktime_get_ns(), enq_flags);
+	if (tenant >= 0) {
+		u64 dsq = ZERNEL_TENANT_DSQ + tenant;
+
+		u64 *vt = &tenant_vtime[tenant & (ZERNEL_MAX_TENANTS - 1)];
+
+		/*
+		 * Back from idle: no credit for the idle time beyond a lag of
+		 * one starvation bound (a queue that was empty only because
+		 * all its tasks were running keeps its place).
+		 */
+		if (!scx_bpf_dsq_nr_queued(dsq) &&
+		    (s64)(*vt + starve_ns - vtime_now) < 0)
+			*vt = vtime_now - starve_ns;
+		scx_bpf_dsq_insert_vtime(p, dsq, slice, bpf_ktime_get_ns(),
+					 enq_flags);
+	} else {
+		scx_bpf_dsq_insert_vtime(p, dsq_id(node, class), slice,
+					 bpf_ktime_get_ns(), enq_flags);
+	}
 
 	/*
 	 * Work conservation: wake an idle CPU, the task's node first. The CPU
@@ -331,10 +393,32 @@ static __always_inline bool take(u64 dsq, u32 class, u32 stat)
 void BPF_STRUCT_OPS(zernel_dispatch, s32 cpu, struct task_struct *prev)
 {
 	u64 now = bpf_ktime_get_ns(), oldest = 0, starved = 0;
-	u32 mynode = node_of(cpu), n, c, starved_class = 0;
+	u32 mynode = node_of(cpu), n, c, t, starved_class = 0;
 	bool found = false;
+	s32 best = -1;
+	u64 best_vt = 0;
 
 	/* 1. The starvation bound: serve the queue whose head waited longest. */
+	bpf_for(t, 0, nr_tenants) {
+		struct task_struct *head;
+		u64 waited;
+
+		head = __COMPAT_scx_bpf_dsq_peek(ZERNEL_TENANT_DSQ + t);
+		if (!head)
+			continue;
+		/*
+		 * Between tenants the weights decide; the bound only catches a
+		 * tenant whose weight is so small that its tasks would wait
+		 * for ever: ten times the class bound.
+		 */
+		waited = now - head->scx.dsq_vtime;
+		if ((s64)waited > (s64)(starve_ns * 10) && waited > oldest) {
+			oldest = waited;
+			starved = ZERNEL_TENANT_DSQ + t;
+			starved_class = ZCLASS_NORMAL;
+			found = true;
+		}
+	}
 	bpf_for(n, 0, nr_nodes) {
 		bpf_for(c, 0, ZCLASS_NR) {
 			struct task_struct *head;
@@ -355,14 +439,36 @@ void BPF_STRUCT_OPS(zernel_dispatch, s32 cpu, struct task_struct *prev)
 	if (found && take(starved, starved_class, ZSTAT_STARVED))
 		return;
 
-	/* 2. This node's queues by class priority. */
-	bpf_for(c, 0, ZCLASS_NR) {
+	/* 2. This node's latency-critical queue. */
+	if (take(dsq_id(mynode, ZCLASS_LATENCY), ZCLASS_LATENCY, ZSTAT_CLASS_NR))
+		return;
+
+	/* 3. Tenants: the one with queued work and the lowest vtime. */
+	bpf_for(t, 0, nr_tenants) {
+		u64 vt = tenant_vtime[t & (ZERNEL_MAX_TENANTS - 1)];
+
+		if (!scx_bpf_dsq_nr_queued(ZERNEL_TENANT_DSQ + t))
+			continue;
+		if (best < 0 || (s64)(vt - best_vt) < 0) {
+			best = t;
+			best_vt = vt;
+		}
+	}
+	if (best >= 0 && scx_bpf_dsq_move_to_local(ZERNEL_TENANT_DSQ + best, 0)) {
+		if ((s64)(best_vt - vtime_now) > 0)
+			vtime_now = best_vt;
+		stat_glob(ZGSTAT_TENANT_DISP);
+		return;
+	}
+
+	/* 4. This node's other queues by class priority. */
+	bpf_for(c, ZCLASS_LATENCY + 1, ZCLASS_NR) {
 		if (take(dsq_id(mynode, c), c, ZSTAT_CLASS_NR))
 			return;
 	}
 
 	/*
-	 * 3. Steal from other nodes rather than idle, but only from a node
+	 * 5. Steal from other nodes rather than idle, but only from a node
 	 * that has no idle CPU of its own (one of those has been kicked to take
 	 * the work); the starvation bound above covers the rest.
 	 */
@@ -387,6 +493,28 @@ void BPF_STRUCT_OPS(zernel_running, struct task_struct *p)
 	cctx = bpf_map_lookup_elem(&cpu_ctxs, &zero);
 	if (cctx)
 		cctx->class = tctx ? tctx->class : default_class;
+	if (tctx && tctx->tenant >= 0)
+		tctx->started_at = bpf_ktime_get_ns();
+}
+
+/* Charges a tenant's task for the CPU time it just used. */
+void BPF_STRUCT_OPS(zernel_stopping, struct task_struct *p, bool runnable)
+{
+	struct task_ctx *tctx = bpf_task_storage_get(&task_ctxs, p, 0, 0);
+	struct zernel_stats *s;
+	u64 used;
+	u32 t;
+
+	if (!tctx || tctx->tenant < 0 || !tctx->started_at)
+		return;
+	t = tctx->tenant & (ZERNEL_MAX_TENANTS - 1);
+	used = bpf_ktime_get_ns() - tctx->started_at;
+	tctx->started_at = 0;
+	__sync_fetch_and_add(&tenant_vtime[t],
+			     used * ZERNEL_WEIGHT_UNIT / weight_of(t));
+	s = stats_get();
+	if (s)
+		s->tenant_ns[t] += used;
 }
 
 s32 BPF_STRUCT_OPS(zernel_init_task, struct task_struct *p,
@@ -399,6 +527,7 @@ s32 BPF_STRUCT_OPS(zernel_init_task, struct task_struct *p,
 	if (!tctx)
 		return -ENOMEM;
 	tctx->class = default_class;
+	tctx->tenant = -1;
 	return 0;
 }
 
@@ -427,6 +556,13 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(zernel_init)
 			}
 		}
 	}
+	bpf_for(n, 0, nr_tenants) {
+		ret = scx_bpf_create_dsq(ZERNEL_TENANT_DSQ + n, -1);
+		if (ret) {
+			scx_bpf_error("failed to create tenant dsq %u: %d", n, ret);
+			return ret;
+		}
+	}
 	return 0;
 }
 
@@ -440,6 +576,7 @@ SCX_OPS_DEFINE(zernel_ops,
 	       .enqueue		= (void *)zernel_enqueue,
 	       .dispatch	= (void *)zernel_dispatch,
 	       .running		= (void *)zernel_running,
+	       .stopping	= (void *)zernel_stopping,
 	       .init_task	= (void *)zernel_init_task,
 	       .exit_task	= (void *)zernel_exit_task,
 	       .init		= (void *)zernel_init,

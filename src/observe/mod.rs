@@ -217,7 +217,10 @@ impl Observer {
     /// See the module doc.
     pub fn poll(&mut self, gpu: &dyn GpuProvider) -> &Snapshot {
         let start = Instant::now();
-        let elapsed = self.last_pass.map(|t| start.saturating_duration_since(t)).unwrap_or_default();
+        let elapsed = self
+            .last_pass
+            .map(|t| start.saturating_duration_since(t))
+            .unwrap_or_default();
         self.last_pass = Some(start);
         if start >= self.next_delayacct_check {
             self.delayacct = std::fs::read_to_string(self.root.join("sys/kernel/task_delayacct"))
@@ -230,11 +233,18 @@ impl Observer {
         }
         let mut new_pids = Vec::new();
         if self.listing_due(start) {
-            let listed =
-                self.proc_dir.list_numeric(|| self.root.clone(), &self.budget, &mut self.dir_buf, &mut self.pids);
+            let listed = self.proc_dir.list_numeric(
+                || self.root.clone(),
+                &self.budget,
+                &mut self.dir_buf,
+                &mut self.pids,
+            );
             if let Err(e) = listed {
                 if !self.warned_root {
-                    log::warn!("observe: cannot list {}: {e:?}; keeping the previous view", self.root.display());
+                    log::warn!(
+                        "observe: cannot list {}: {e:?}; keeping the previous view",
+                        self.root.display()
+                    );
                     self.warned_root = true;
                 }
                 self.last_load = None;
@@ -315,7 +325,13 @@ impl Observer {
         self.finish(start, elapsed, gone, gpu)
     }
 
-    fn finish(&mut self, start: Instant, elapsed: Duration, gone: Vec<GoneThread>, gpu: &dyn GpuProvider) -> &Snapshot {
+    fn finish(
+        &mut self,
+        start: Instant,
+        elapsed: Duration,
+        gone: Vec<GoneThread>,
+        gpu: &dyn GpuProvider,
+    ) -> &Snapshot {
         join_gpus(&mut self.procs, gpu);
         // The snapshot's vectors are reused from pass to pass.
         let snap = &mut self.snap;
@@ -345,8 +361,11 @@ impl Observer {
 /// Decides ML, evidence, DataLoader status and roles for every process.
 /// Returns the pids that became ML in this pass.
 fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: u32) -> Vec<i32> {
-    let gpu_pids: std::collections::HashSet<i32> =
-        gpu.processes().iter().filter_map(|p| i32::try_from(p.pid).ok()).collect();
+    let gpu_pids: std::collections::HashSet<i32> = gpu
+        .processes()
+        .iter()
+        .filter_map(|p| i32::try_from(p.pid).ok())
+        .collect();
     let own = |p: &ProcEntry| {
         let (mut ev, _) = p.own_evidence();
         if gpu_pids.contains(&p.view.pid) {
@@ -360,7 +379,9 @@ fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: 
     let inherited = |p: &ProcEntry| -> bool {
         let mut ppid = p.view.ppid;
         for _ in 0..depth {
-            let Some(a) = procs.get(&ppid) else { return false };
+            let Some(a) = procs.get(&ppid) else {
+                return false;
+            };
             if a.forced == Some(false) {
                 return false;
             }
@@ -376,7 +397,9 @@ fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: 
     for (&pid, p) in procs.iter() {
         let own_ev = own(p);
         let from_parent = p.forced.is_none() && own_ev.is_empty() && inherited(p);
-        let parent_ml = procs.get(&p.view.ppid).is_some_and(|a| base_ml(a) || inherited(a));
+        let parent_ml = procs
+            .get(&p.view.ppid)
+            .is_some_and(|a| base_ml(a) || inherited(a));
         let ml = p.forced.unwrap_or(!own_ev.is_empty() || from_parent);
         let mut evidence = own_ev;
         if parent_ml && ml {
@@ -396,11 +419,29 @@ fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: 
             .own_evidence()
             .1
             .map(Arc::from)
-            .or_else(|| gpu_pids.contains(&pid).then(|| Arc::from("gpu process list")))
-            .or_else(|| (evidence.contains(MlEvidence::PARENT)).then(|| Arc::from(format!("parent {}", p.view.ppid).as_str())))
+            .or_else(|| {
+                gpu_pids
+                    .contains(&pid)
+                    .then(|| Arc::from("gpu process list"))
+            })
+            .or_else(|| {
+                (evidence.contains(MlEvidence::PARENT))
+                    .then(|| Arc::from(format!("parent {}", p.view.ppid).as_str()))
+            })
             .or_else(|| (p.forced == Some(true)).then(|| Arc::from("forced by rule")));
-        let parent_comm = parent.map(|a| a.view.comm.clone()).unwrap_or_else(|| Arc::from(""));
-        classes.insert(pid, Class { ml, evidence, detail, loader, parent_comm });
+        let parent_comm = parent
+            .map(|a| a.view.comm.clone())
+            .unwrap_or_else(|| Arc::from(""));
+        classes.insert(
+            pid,
+            Class {
+                ml,
+                evidence,
+                detail,
+                loader,
+                parent_comm,
+            },
+        );
     }
 
     let mut newly_ml = Vec::new();
@@ -408,10 +449,8 @@ fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: 
         let c = classes.remove(&pid).expect("classified above");
         let v = &mut p.view;
         let was_ml = v.ml;
-        if c.ml != v.ml || c.evidence != v.evidence {
-            if !v.changes.contains(Changes::NEW) {
-                v.changes |= Changes::ML;
-            }
+        if (c.ml != v.ml || c.evidence != v.evidence) && !v.changes.contains(Changes::NEW) {
+            v.changes |= Changes::ML;
         }
         let roles_stale = !v.changes.is_empty() || c.loader != v.loader_process;
         v.ml = c.ml;
@@ -448,7 +487,9 @@ fn join_gpus(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider) {
     // pid -> (devices, max SM %)
     let mut per_pid: HashMap<i32, (Vec<u32>, u32)> = HashMap::new();
     for gp in gpu.processes() {
-        let Ok(pid) = i32::try_from(gp.pid) else { continue };
+        let Ok(pid) = i32::try_from(gp.pid) else {
+            continue;
+        };
         let e = per_pid.entry(pid).or_default();
         if !e.0.contains(&gp.device) {
             e.0.push(gp.device);
@@ -458,16 +499,34 @@ fn join_gpus(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider) {
     for p in procs.values_mut() {
         let v = &mut p.view;
         v.gpu = if let Some((devs, util)) = per_pid.remove(&v.pid) {
-            ProcessGpu { devices: devs.into(), util_pct: Some(util), per_process: true }
-        } else if let Some(list) = v.env.visible_devices.as_deref().filter(|_| !devices.is_empty()) {
+            ProcessGpu {
+                devices: devs.into(),
+                util_pct: Some(util),
+                per_process: true,
+            }
+        } else if let Some(list) = v
+            .env
+            .visible_devices
+            .as_deref()
+            .filter(|_| !devices.is_empty())
+        {
             let devs = resolve_visible_devices(list, &ids);
             let util = devs.iter().filter_map(|&i| device_util(i)).max();
-            ProcessGpu { devices: devs.into(), util_pct: util, per_process: false }
+            ProcessGpu {
+                devices: devs.into(),
+                util_pct: util,
+                per_process: false,
+            }
         } else if v.ml
             && devices.len() == 1
-            && v.evidence.intersects(MlEvidence::DEVICE_FD | MlEvidence::DEVICE_MAP)
+            && v.evidence
+                .intersects(MlEvidence::DEVICE_FD | MlEvidence::DEVICE_MAP)
         {
-            ProcessGpu { devices: Arc::from([devices[0].index]), util_pct: Some(devices[0].util_pct), per_process: false }
+            ProcessGpu {
+                devices: Arc::from([devices[0].index]),
+                util_pct: Some(devices[0].util_pct),
+                per_process: false,
+            }
         } else {
             ProcessGpu::default()
         };

@@ -71,6 +71,8 @@ pub struct ProcEntry {
     /// Set by the rules engine: Some(true) ML, Some(false) never ML.
     pub forced: Option<bool>,
     stat: ProcFile,
+    cmdline_file: ProcFile,
+    cgroup_file: ProcFile,
     task_dir: DirFile,
     vsize: u64,
     vsize_at_scan: u64,
@@ -97,7 +99,11 @@ impl ProcEntry {
     /// Own evidence (environment, fds, maps), without inheritance.
     pub fn own_evidence(&self) -> (MlEvidence, Option<&str>) {
         let ev = self.env_found.evidence | self.scan_found.evidence;
-        let detail = self.env_found.detail.as_deref().or(self.scan_found.detail.as_deref());
+        let detail = self
+            .env_found
+            .detail
+            .as_deref()
+            .or(self.scan_found.detail.as_deref());
         (ev, detail)
     }
 
@@ -108,7 +114,9 @@ impl ProcEntry {
         stat.read(|| leader_stat(root, pid), ctx.budget, ctx.buf)?;
         let st = parse_proc_stat(ctx.buf.bytes())?;
         // Stagger rescans over the interval so they do not all fall on one pass.
-        let stagger = s.rescan_interval.mul_f64((pid.unsigned_abs() % 97) as f64 / 97.0);
+        let stagger = s
+            .rescan_interval
+            .mul_f64((pid.unsigned_abs() % 97) as f64 / 97.0);
         let mut p = ProcEntry {
             view: ProcessView {
                 pid,
@@ -136,6 +144,8 @@ impl ProcEntry {
             scan_found: Found::default(),
             forced: None,
             stat,
+            cmdline_file: ProcFile::default(),
+            cgroup_file: ProcFile::default(),
             task_dir: DirFile::default(),
             vsize: st.vsize,
             vsize_at_scan: st.vsize,
@@ -167,14 +177,21 @@ impl ProcEntry {
 
     /// cgroup v2 path. Returns true when it changed.
     fn read_cgroup(&mut self, ctx: &mut PassCtx) -> bool {
-        let path = proc_dir(ctx.root, self.view.pid).join("cgroup");
-        if ctx.buf.read_path(&path).is_err() {
+        let (root, pid) = (ctx.root, self.view.pid);
+        if self
+            .cgroup_file
+            .read(|| proc_dir(root, pid).join("cgroup"), ctx.budget, ctx.buf)
+            .is_err()
+        {
             return false;
         }
         let Ok(groups) = ProcessCGroups::from_read(ctx.buf.bytes()) else {
             return false;
         };
-        let v2 = groups.0.iter().find(|g| g.hierarchy == 0 && g.controllers.is_empty());
+        let v2 = groups
+            .0
+            .iter()
+            .find(|g| g.hierarchy == 0 && g.controllers.is_empty());
         let path = v2.map(|g| g.pathname.as_str()).unwrap_or("");
         if *self.view.cgroup != *path {
             self.view.cgroup = Arc::from(path);
@@ -185,21 +202,26 @@ impl ProcEntry {
 
     /// exe and cmdline. Returns (exe changed, cmdline changed).
     fn read_program(&mut self, ctx: &mut PassCtx) -> (bool, bool) {
-        let dir = proc_dir(ctx.root, self.view.pid);
-        let exe = std::fs::read_link(dir.join("exe"))
+        let (root, pid) = (ctx.root, self.view.pid);
+        let exe = std::fs::read_link(proc_dir(root, pid).join("exe"))
             .map(|p| p.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let cmdline = match procfs::process::Process::new_with_root(dir).and_then(|p| p.cmdline()) {
-            Ok(args) => {
-                let mut s = args.join(" ");
-                if s.len() > MAX_CMDLINE {
-                    let mut cut = MAX_CMDLINE;
-                    while !s.is_char_boundary(cut) {
-                        cut -= 1;
-                    }
-                    s.truncate(cut);
-                }
-                s
+        // NUL-separated arguments, joined by spaces (what procfs's
+        // Process::cmdline does, on a file kept open).
+        let cmdline = match self.cmdline_file.read(
+            || proc_dir(root, pid).join("cmdline"),
+            ctx.budget,
+            ctx.buf,
+        ) {
+            Ok(()) => {
+                let bytes = ctx.buf.bytes();
+                let bytes = &bytes[..bytes.len().min(MAX_CMDLINE)];
+                let args: Vec<_> = bytes
+                    .split(|&b| b == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(String::from_utf8_lossy)
+                    .collect();
+                args.join(" ")
             }
             Err(_) => String::new(),
         };
@@ -218,7 +240,7 @@ impl ProcEntry {
         let dir = proc_dir(ctx.root, self.view.pid);
         let env = procfs::process::Process::new_with_root(dir).and_then(|p| p.environ());
         let (found, ml_env) = match env {
-            Ok(env) => matcher.from_environ(&env),
+            Ok(env) => matcher.scan_environ(&env),
             Err(_) => (Found::default(), MlEnv::default()),
         };
         self.env_found = found;
@@ -228,9 +250,9 @@ impl ProcEntry {
     /// fds and maps.
     fn scan_evidence(&mut self, ctx: &mut PassCtx, matcher: &EvidenceMatcher) {
         let dir = proc_dir(ctx.root, self.view.pid);
-        let mut found = matcher.from_fds(&dir, ctx.buf);
+        let mut found = matcher.scan_fds(&dir, ctx.buf);
         if ctx.buf.read_path(&dir.join("maps")).is_ok() {
-            found.merge(matcher.from_maps(ctx.buf.bytes()));
+            found.merge(matcher.scan_maps(ctx.buf.bytes()));
         }
         self.scan_found = found;
         self.vsize_at_scan = self.vsize;
@@ -242,7 +264,8 @@ impl ProcEntry {
     pub fn refresh(&mut self, ctx: &mut PassCtx, s: &ProcSettings) -> Result<(), ReadError> {
         let root = ctx.root;
         let pid = self.view.pid;
-        self.stat.read(|| leader_stat(root, pid), ctx.budget, ctx.buf)?;
+        self.stat
+            .read(|| leader_stat(root, pid), ctx.budget, ctx.buf)?;
         let st = parse_proc_stat(ctx.buf.bytes())?;
         if st.start_ticks != self.view.start_ticks {
             return Err(ReadError::Gone);
@@ -304,7 +327,12 @@ impl ProcEntry {
 
     /// Relists threads if needed, checks a slice of thread names, samples
     /// ML threads. Gone threads are appended to `gone`.
-    pub fn update_threads(&mut self, ctx: &mut PassCtx, ids: &mut Vec<i32>, gone: &mut Vec<GoneThread>) {
+    pub fn update_threads(
+        &mut self,
+        ctx: &mut PassCtx,
+        ids: &mut Vec<i32>,
+        gone: &mut Vec<GoneThread>,
+    ) {
         if self.relist {
             self.relist_threads(ctx, ids, gone);
         }
@@ -340,16 +368,30 @@ impl ProcEntry {
 
     fn drop_thread(&mut self, i: usize, gone: &mut Vec<GoneThread>) {
         let t = self.threads.remove(i);
-        gone.push(GoneThread { tid: t.view.tid, tgid: t.view.tgid, start_ticks: t.view.start_ticks });
+        gone.push(GoneThread {
+            tid: t.view.tid,
+            tgid: t.view.tgid,
+            start_ticks: t.view.start_ticks,
+        });
         self.relist = true;
     }
 
-    fn relist_threads(&mut self, ctx: &mut PassCtx, ids: &mut Vec<i32>, gone: &mut Vec<GoneThread>) {
+    fn relist_threads(
+        &mut self,
+        ctx: &mut PassCtx,
+        ids: &mut Vec<i32>,
+        gone: &mut Vec<GoneThread>,
+    ) {
         let root = ctx.root;
         let pid = self.view.pid;
         if self
             .task_dir
-            .list_numeric(|| proc_dir(root, pid).join("task"), ctx.budget, ctx.buf, ids)
+            .list_numeric(
+                || proc_dir(root, pid).join("task"),
+                ctx.budget,
+                ctx.buf,
+                ids,
+            )
             .is_err()
         {
             return;
@@ -360,7 +402,11 @@ impl ProcEntry {
         for &tid in ids.iter() {
             while old.peek().is_some_and(|t| t.view.tid < tid) {
                 let t = old.next().expect("peeked");
-                gone.push(GoneThread { tid: t.view.tid, tgid: pid, start_ticks: t.view.start_ticks });
+                gone.push(GoneThread {
+                    tid: t.view.tid,
+                    tgid: pid,
+                    start_ticks: t.view.start_ticks,
+                });
             }
             if old.peek().is_some_and(|t| t.view.tid == tid) {
                 self.threads.push(old.next().expect("peeked"));
@@ -372,7 +418,11 @@ impl ProcEntry {
             }
         }
         for t in old {
-            gone.push(GoneThread { tid: t.view.tid, tgid: pid, start_ticks: t.view.start_ticks });
+            gone.push(GoneThread {
+                tid: t.view.tid,
+                tgid: pid,
+                start_ticks: t.view.start_ticks,
+            });
         }
     }
 

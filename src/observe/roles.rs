@@ -87,11 +87,26 @@ mod tests {
 
     #[test]
     fn main_thread_loader_process_and_non_ml() {
-        assert_eq!(thread_role("python3", true, true, false), ThreadRole::Trainer);
-        assert_eq!(thread_role("python3", true, true, true), ThreadRole::DataLoader);
-        assert_eq!(thread_role("omp_thread", true, false, true), ThreadRole::DataLoader);
-        assert_eq!(thread_role("pt_elastic", true, true, false), ThreadRole::Other);
-        assert_eq!(thread_role("pt_autograd_0", false, false, false), ThreadRole::NonMl);
+        assert_eq!(
+            thread_role("python3", true, true, false),
+            ThreadRole::Trainer
+        );
+        assert_eq!(
+            thread_role("python3", true, true, true),
+            ThreadRole::DataLoader
+        );
+        assert_eq!(
+            thread_role("omp_thread", true, false, true),
+            ThreadRole::DataLoader
+        );
+        assert_eq!(
+            thread_role("pt_elastic", true, true, false),
+            ThreadRole::Other
+        );
+        assert_eq!(
+            thread_role("pt_autograd_0", false, false, false),
+            ThreadRole::NonMl
+        );
         assert!(is_loader_name("pt_multiprocess"));
         assert!(!is_loader_name("pt_data_pin"));
     }

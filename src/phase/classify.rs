@@ -62,7 +62,9 @@ pub fn classify(t: &ThreadView, p: &ProcessView, cfg: &PhaseConfig) -> Option<Ph
     let role = t.role;
     let driver = matches!(role, ThreadRole::Trainer | ThreadRole::Autograd);
 
-    let all_switches_per_sec = d.detail.map_or(0.0, |x| x.voluntary_per_sec() + x.involuntary_per_sec());
+    let all_switches_per_sec = d
+        .detail
+        .map_or(0.0, |x| x.voluntary_per_sec() + x.involuntary_per_sec());
     let spin_wait = if role.is_collective() {
         all_switches_per_sec >= cfg.nccl_min_switches_per_sec
     } else {
@@ -72,7 +74,8 @@ pub fn classify(t: &ThreadView, p: &ProcessView, cfg: &PhaseConfig) -> Option<Ph
         return Some(Phase::NcclCollective);
     }
     if role.is_loader()
-        && (busy >= cfg.loader_min_busy_frac || read_per_sec >= cfg.loader_min_read_bytes_per_sec as f64)
+        && (busy >= cfg.loader_min_busy_frac
+            || read_per_sec >= cfg.loader_min_read_bytes_per_sec as f64)
     {
         return Some(Phase::DataLoading);
     }

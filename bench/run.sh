@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# run.sh - benchmark scx_zernel side by side with EEVDF and peer sched_ext
+# schedulers, all in ONE VM boot, and render the results.
+#
+#   bench/run.sh [--short] [--reps N] [--no-peers] [--timeout S]
+#
+#   --short      1 rep, short durations: checks that the harness works end to
+#                end (numbers not meaningful); results go to bench/results/short/
+#   --reps N     repetitions of every case under every scheduler (default 3;
+#                --short: 1)
+#   --no-peers   only EEVDF and scx_zernel (do not build or run the peers)
+#   --timeout S  VM wall-clock limit (default 1200 s with --short, else
+#                600 + 1200 s per rep)
+#
+# Steps:
+#   1. `cargo build --release --bins` (scx_zernel, zernel-workload).
+#   2. The peers scx_bpfland and scx_lavd at their published 1.1.4 versions,
+#      `cargo install --locked`, built once and cached in
+#      $BENCH_CACHE/peers (default ~/.cache/scx-zernel-bench/peers: outside
+#      the work tree, so that CI's fresh clone of the repository finds them
+#      too). A peer that fails to build is reported as "not built: <reason>"
+#      in the results; the benchmark goes on without it.
+#   3. One stress-ng calibration on the host (see bench/report.py).
+#   4. One VM (tests/vm/vmrun.sh --smp 4 --mem 4G) running bench/guest.sh:
+#      every case under EEVDF, scx_zernel, scx_bpfland and scx_lavd in turn.
+#   5. bench/report.py turns the guest's result lines into results.json,
+#      README.md (tables: median and min-max per metric and scheduler,
+#      targets) and plot.png (matplotlib, installed once into
+#      $BENCH_CACHE/venv).
+# The guest's output is kept in OUT/guest.log, the kernel console in
+# target/bench/console.log. Exit status: 0 if the guest's checks all passed
+# and results were rendered, 1 otherwise.
+#
+# Environment: BENCH_CACHE (see above), BENCH_PEER_BUILD_TIMEOUT (seconds per
+# peer build, default 1800), and vmrun.sh's own (VMRUN_*).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 2
+PEERS=(bpfland lavd)
+PEER_VERSION=1.1.4
+CACHE=${BENCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel-bench}
+PEER_TIMEOUT=${BENCH_PEER_BUILD_TIMEOUT:-1800}
+
+SHORT=0 REPS="" USE_PEERS=1 TIMEOUT=""
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+die() { echo "bench: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case $1 in
+    --short) SHORT=1 ;;
+    --reps) REPS=${2:-}; shift ;;
+    --no-peers) USE_PEERS=0 ;;
+    --timeout) TIMEOUT=${2:-}; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "bench: unknown option '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+[ -n "$REPS" ] || REPS=$(( SHORT ? 1 : 3 ))
+[[ $REPS =~ ^[1-9][0-9]*$ ]] || die "--reps takes a positive integer"
+[ -n "$TIMEOUT" ] || TIMEOUT=$(( SHORT ? 1200 : 600 + 1200 * REPS ))
+[[ $TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "--timeout takes a positive integer"
+
+OUT=$ROOT/bench/results
+(( SHORT )) && OUT=$ROOT/bench/results/short
+LOGDIR=$ROOT/target/bench
+mkdir -p "$OUT" "$LOGDIR" "$CACHE" || die "cannot create $OUT, $LOGDIR or $CACHE"
+T_START=$SECONDS
+log() { echo "bench: [$((SECONDS - T_START)) s] $*"; }
+
+# rustup puts cargo in ~/.cargo/bin, which a non-login shell (CI) may lack.
+if ! command -v cargo >/dev/null && [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
+  PATH=${CARGO_HOME:-$HOME/.cargo}/bin:$PATH
+fi
+
+# ---- 1. scx_zernel --------------------------------------------------------------------
+log "cargo build --release --bins"
+cargo build --release --bins || die "cargo build failed"
+T_BUILD=$((SECONDS - T_START))
+
+# ---- 2. the peers ------------------------------------------------------------------------
+# Meta lines for report.py, in the guest's format.
+META=$LOGDIR/host-meta.txt
+: >"$META"
+SCHEDS="eevdf zernel"
+ADDS=("$ROOT/target/release/scx_zernel=/usr/local/bin/scx_zernel"
+      "$ROOT/target/release/zernel-workload=/usr/local/bin/zernel-workload"
+      "$ROOT/tests/vm" "$ROOT/bench/guest.sh")
+
+# build_peer NAME : make $CACHE/peers/bin/scx_NAME at PEER_VERSION exist;
+# prints the reason and returns 1 if it cannot.
+build_peer() {
+  local name=scx_$1 root=$CACHE/peers plog rc
+  plog=$root/$name.log
+  mkdir -p "$root"
+  # cargo install records what it installed in .crates.toml.
+  if [ -x "$root/bin/$name" ] && grep -q "^\"$name $PEER_VERSION " "$root/.crates.toml" 2>/dev/null; then
+    return 0
+  fi
+  log "building $name@$PEER_VERSION (once; cached in $root; log $plog)"
+  # One target dir for both peers: they share most dependencies (scx_utils, libbpf-sys).
+  BPF_CLANG=clang-19 LIBBPF_SYS_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu \
+    CARGO_TARGET_DIR=$root/target \
+    timeout "$PEER_TIMEOUT" cargo install --locked --root "$root" "$name@$PEER_VERSION" >"$plog" 2>&1
+  rc=$?
+  [ "$rc" -eq 0 ] && [ -x "$root/bin/$name" ] && return 0
+  if [ "$rc" -eq 124 ]; then echo "build timed out after $PEER_TIMEOUT s"
+  else
+    # The first error cargo reports, on one line.
+    grep -m1 -E '^error' "$plog" | cut -c1-200 | grep . || echo "cargo install exited $rc"
+  fi
+  return 1
+}
+
+if (( USE_PEERS )); then
+  command -v clang-19 >/dev/null || log "clang-19 not found: the peers will not build (scripts/setup-deps.sh)"
+  for p in "${PEERS[@]}"; do
+    t0=$SECONDS
+    if reason=$(build_peer "$p"); then
+      SCHEDS="$SCHEDS $p"
+      ADDS+=("$CACHE/peers/bin/scx_$p=/usr/local/bin/scx_$p")
+      echo "BENCHMETA peer.$p=\"scx_$p $PEER_VERSION\"" >>"$META"
+    else
+      log "scx_$p not built: $reason"
+      echo "BENCHMETA peer.$p=\"not built: ${reason//\"/\'}\"" >>"$META"
+    fi
+    (( SECONDS - t0 > 5 )) && echo "BENCHMETA peer_build_s.$p=$((SECONDS - t0))" >>"$META"
+  done
+else
+  for p in "${PEERS[@]}"; do echo "BENCHMETA peer.$p=\"not run (--no-peers)\"" >>"$META"; done
+fi
+
+# ---- 3. guest tools and the host calibration ---------------------------------------------
+for t in stress-ng cyclictest; do
+  p=$(command -v $t) || die "$t not found (scripts/setup-deps.sh installs it)"
+  ADDS+=("$p")
+done
+# The messaging benchmark: perf's if perf is a real binary that runs here
+# (Debian's may be a wrapper script around a kernel-version-specific one),
+# else rt-tests' hackbench; the guest picks whichever runs.
+if p=$(command -v perf) && [ "$(head -c4 "$p" | od -An -c | tr -d ' ')" = '177ELF' ] \
+   && perf bench sched messaging -g 1 -l 1 >/dev/null 2>&1; then
+  ADDS+=("$p")
+fi
+if p=$(command -v hackbench); then ADDS+=("$p"); fi
+calib=$(stress-ng --cpu 1 --cpu-method int64 --timeout 5s --metrics-brief 2>&1 |
+        awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print $10 }')
+echo "BENCHMETA calib_host_ops_per_cpu_s=${calib:-}" >>"$META"
+echo "BENCHMETA host_cpus=$(nproc) host_kernel=$(uname -r) commit=$(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD -- src 2>/dev/null || echo +dirty)" >>"$META"
+
+# ---- 4. the VM -----------------------------------------------------------------------------
+GARGS=(--reps "$REPS" --scheds "$SCHEDS")
+(( SHORT )) && GARGS+=(--short)
+log "booting the VM: schedulers '$SCHEDS', $REPS rep(s)$( (( SHORT )) && echo ', short')"
+t0=$SECONDS
+tests/vm/vmrun.sh --smp 4 --mem 4G --timeout "$TIMEOUT" --console "$LOGDIR/console.log" \
+  --add "${ADDS[@]}" -- sh bench/guest.sh "${GARGS[@]}" 2>&1 | tee "$OUT/guest.log"
+VM_RC=${PIPESTATUS[0]}
+T_VM=$((SECONDS - t0))
+log "VM finished: exit $VM_RC after $T_VM s"
+
+# ---- 5. the report ---------------------------------------------------------------------------
+# matplotlib in a venv of our own, made once; without it the report has no plot.
+PY=python3
+VENV=$CACHE/venv
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
+  PY=$VENV/bin/python
+else
+  log "installing matplotlib into $VENV (once)"
+  if python3 -m venv "$VENV" >"$LOGDIR/venv.log" 2>&1 \
+     && "$VENV/bin/pip" install -q matplotlib >>"$LOGDIR/venv.log" 2>&1; then
+    PY=$VENV/bin/python
+  else
+    log "matplotlib unavailable (see $LOGDIR/venv.log): no plot"
+  fi
+fi
+{
+  echo "BENCHMETA wall_build_s=$T_BUILD wall_vm_s=$T_VM wall_total_s=$((SECONDS - T_START)) vm_exit=$VM_RC"
+  # vmrun.sh's own choice: KVM only with a usable /dev/kvm and vmx/svm.
+  accel=tcg
+  [ -r /dev/kvm ] && [ -w /dev/kvm ] && grep -qwE 'vmx|svm' /proc/cpuinfo && accel=kvm
+  echo "BENCHMETA accel=${VMRUN_ACCEL:-$accel}"
+} >>"$META"
+"$PY" bench/report.py --out "$OUT" "$META" "$OUT/guest.log"
+REPORT_RC=$?
+log "results in ${OUT#"$ROOT"/}/ (README.md, results.json, plot.png); total $((SECONDS - T_START)) s"
+[ "$VM_RC" -eq 0 ] && [ "$REPORT_RC" -eq 0 ]
