@@ -17,6 +17,9 @@
 //!
 //! Latency-critical threads of a tenant (kernel launchers, NCCL) keep
 //! their class and are not charged to a tenant queue: they run first.
+//! Tenant queues are served after the ml and normal queues of tasks that
+//! belong to no tenant (system services: light, and they must stay
+//! responsive) and before the batch queue.
 
 use serde::{Deserialize, Serialize};
 

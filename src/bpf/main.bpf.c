@@ -17,16 +17,18 @@
  *              alone on the wrong node moves to its node's idle CPU
  *   CPU free ─> zernel_dispatch:
  *              1. any queue whose head waited > starve_ns (oldest first)
- *              2. own node's latency queue
+ *              2. own node's queues latency > ml > normal (the tasks of
+ *                 no tenant: system services, latency-critical threads)
  *              3. tenants: the tenant with queued work and the least
  *                 weighted CPU time (vtime += runtime * UNIT / weight)
- *              4. own node's queues, ml > normal > batch
+ *              4. own node's batch queue
  *              5. other nodes' queues, same order, from nodes with no idle
  *                 CPU (steal: work-conserving, but a node's own idle CPUs
  *                 get its work first)
  *
  * Tenants: a thread the daemon puts in a tenant (its cgroup) and that is not
- * latency-critical is queued in its tenant's queue. Tenants share the CPU in
+ * latency-critical is queued in its tenant's queue, served after the class
+ * queues of tasks outside tenants (light system work) and before batch. Tenants share the CPU in
  * proportion to their weights; a tenant with nothing queued is skipped, so
  * others use its share (borrowing), and one that comes back starts at the
  * current virtual time, so it gets its share back at once, with no credit
@@ -439,9 +441,11 @@ void BPF_STRUCT_OPS(zernel_dispatch, s32 cpu, struct task_struct *prev)
 	if (found && take(starved, starved_class, ZSTAT_STARVED))
 		return;
 
-	/* 2. This node's latency-critical queue. */
-	if (take(dsq_id(mynode, ZCLASS_LATENCY), ZCLASS_LATENCY, ZSTAT_CLASS_NR))
-		return;
+	/* 2. This node's latency, ml and normal queues. */
+	bpf_for(c, 0, ZCLASS_BATCH) {
+		if (take(dsq_id(mynode, c), c, ZSTAT_CLASS_NR))
+			return;
+	}
 
 	/* 3. Tenants: the one with queued work and the lowest vtime. */
 	bpf_for(t, 0, nr_tenants) {
@@ -461,11 +465,9 @@ void BPF_STRUCT_OPS(zernel_dispatch, s32 cpu, struct task_struct *prev)
 		return;
 	}
 
-	/* 4. This node's other queues by class priority. */
-	bpf_for(c, ZCLASS_LATENCY + 1, ZCLASS_NR) {
-		if (take(dsq_id(mynode, c), c, ZSTAT_CLASS_NR))
-			return;
-	}
+	/* 4. This node's batch queue. */
+	if (take(dsq_id(mynode, ZCLASS_BATCH), ZCLASS_BATCH, ZSTAT_CLASS_NR))
+		return;
 
 	/*
 	 * 5. Steal from other nodes rather than idle, but only from a node

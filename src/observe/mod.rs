@@ -18,12 +18,12 @@
 //!                            └─ known pid
 //!                                 │ ML process: every pass     non-ML: every rescan_interval
 //!                                 v                             v
-//!                       pread stat: exec? rename? reparent? thread count changed?
-//!                                 │                             (+ exe, cmdline, cgroup,
-//!                                 │                              fds/maps if vsize changed)
+//!                       pread main-thread stat: rename? reparent? thread count?
+//!                                 │   (+ exe, cmdline: exec?; cgroup; fds/maps if the
+//!                                 │    vsize changed and the process is not ML yet)
 //!                                 v
-//!                       threads: relist task/ if the count changed; a slice of
-//!                       thread names re-read; ML threads sampled (thread.rs)
+//!                       threads: relist task/ if the count changed; names due
+//!                       re-read (back-off); ML threads sampled (thread.rs)
 //!                                 │
 //!  GPU provider ─────────> classify: own evidence | GPU user | forced | ancestor ML
 //!                                 │  -> ml flag, DataLoader process, roles, GPUs
@@ -58,13 +58,27 @@
 //! the trainer), or when the rules engine forces it with
 //! [`Observer::set_forced_ml`] (which wins, both ways). Evidence is cached
 //! per process incarnation (pid + start time) and re-evaluated after an exec
-//! (exe or cmdline change). A child of an ML process is a DataLoader process
+//! (exe or cmdline change) or a rename. A child of an ML process is a DataLoader process
 //! when its name says so (`pt_multiprocess`, `pt_data_worker`), when it is a
 //! forked Python child (same interpreter and cmdline as its parent), or a
 //! multiprocessing spawn/forkserver child.
 //!
 //! Vanishing pids, unreadable files and absurd values are normal input:
 //! they are skipped, never a panic.
+//!
+//! # Using it
+//!
+//! ```text
+//! gpu.refresh();
+//! let snap = observer.poll(gpu.as_ref());      // &Snapshot, valid until the next poll
+//! for p in snap.changed_processes() { ... }     // NEW / EXEC / RENAMED / CGROUP / ML / PARENT
+//! for t in snap.changed_threads() { ... }       // NEW / RENAMED / ML: evaluate rules here
+//! let changes = detector.update(snap);
+//! observer.set_forced_ml(pid, Some(true));      // rule verdicts: effective at the next poll
+//! ```
+//! Forcing must go through [`Observer::set_forced_ml`]: flipping `ml` in a
+//! copy of the snapshot would not make the observer sample the threads, so
+//! they would have no deltas and never leave Unknown.
 
 mod config;
 mod evidence;

@@ -306,6 +306,10 @@ impl ProcEntry {
             self.read_identity(ctx);
             self.read_environ(ctx, s.matcher);
             self.scan_evidence(ctx, s.matcher);
+        } else if renamed && ctx.now.saturating_duration_since(self.last_scan) >= s.evidence_interval {
+            // A renamed program (e.g. Python naming itself after importing
+            // torch) may have mapped GPU libraries meanwhile.
+            self.scan_evidence(ctx, s.matcher);
         }
         if rescan_due {
             if self.read_cgroup(ctx) {
