@@ -10,7 +10,7 @@
 # after them; the kernel's sched_ext state is checked both times.
 #
 # Cases (durations: full / --short):
-#   ml       zernel-workload train alone (30 s / 8 s), then again with
+#   ml       zernel-workload train alone (30 s / 6 s), then again with
 #            `stress-ng --cpu 8` hogs on the 4 vCPUs (2x oversubscription).
 #            Steps/s, fake-GPU busy fraction and loader-wait p99 from the
 #            trainer's last line; its CPU time from `time -p`; the hogs' CPU
@@ -25,8 +25,8 @@
 #            then a messaging benchmark alone: `perf bench sched messaging`
 #            if perf runs here, else rt-tests' hackbench (same benchmark).
 #   cost     sched_ext schedulers only: the scheduler process's CPU time
-#            (utime+stime) over a 10 s window (3 s --short) while a process
-#            with 2,000 mostly idle threads (500 --short) runs, ML (rank
+#            (utime+stime) over a 10 s window (2 s --short) while a process
+#            with 2,000 mostly idle threads (300 --short) runs, ML (rank
 #            environment) and not.
 #
 # Output: one line per measurement, for bench/report.py:
@@ -50,7 +50,7 @@ while [ $# -gt 0 ]; do
 done
 
 if [ $SHORT = 1 ]; then
-  TRAIN_S=8 CT_S=4 MSG_ARGS="-g 2 -l 20" THREADS=500 SETTLE_S=3 WINDOW_S=3
+  TRAIN_S=6 CT_S=3 MSG_ARGS="-g 2 -l 20" THREADS=300 SETTLE_S=2 WINDOW_S=2
 else
   TRAIN_S=30 CT_S=10 MSG_ARGS="-g 4 -l 50" THREADS=2000 SETTLE_S=5 WINDOW_S=10
 fi
@@ -139,8 +139,8 @@ sched_stop() {
 # holds an fd of: "prog_id name run_time_ns run_cnt". fdinfo has no name; the
 # name comes from the program's kallsyms symbol bpf_prog_<tag>_<name>.
 bpf_snapshot() {
-  awk '$3 ~ /^bpf_prog_/ { s = substr($3, 10); print substr(s, 1, 16), substr(s, 18) }' \
-    /proc/kallsyms >"$W/bpfsyms"
+  grep ' bpf_prog_' /proc/kallsyms |
+    awk '$3 ~ /^bpf_prog_/ { s = substr($3, 10); print substr(s, 1, 16), substr(s, 18) }' >"$W/bpfsyms"
   cat "/proc/$1/fdinfo/"* 2>/dev/null | awk -v syms="$W/bpfsyms" '
     BEGIN { while ((getline l < syms) > 0) { split(l, a, " "); name[a[1]] = a[2] } }
     function flush() {
@@ -168,6 +168,15 @@ bpf_report() {
   ' "$3" "$4"
 }
 
+# zernel_classes : what scx_zernel's kernel map holds right now, as counts of
+# "comm class" over its entries (a diagnostic for the guest log).
+zernel_classes() {
+  scx_zernel inspect --entries 2>/dev/null | while read -r tid class _; do
+    tid=${tid#tid=} class=${class#class=}
+    comm=$(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null) && echo "$comm $class"
+  done | sort | uniq -c | sort -rn | head -n 12 | tr -s ' \n' ' '
+}
+
 # ---- case 1: the ML pipeline -------------------------------------------------------------
 # train_run OUT : run the trainer for TRAIN_S seconds; its last line goes to
 # OUT, `time -p` output (its CPU time, DataLoader workers included) to OUT.time.
@@ -181,7 +190,7 @@ train_run() {
 cpu_secs() { awk '$1 == "user" || $1 == "sys" { t += $2 } END { print t + 0 }' "$1"; }
 
 case_ml() {
-  local s="$1" r="$2" hp h0 h1 u0 u1 b0 b1 ml_cpu win
+  local s="$1" r="$2" hp h0 h1 u0 u1 b0 b1 ml_cpu win dp
   # Alone.
   train_run "$W/iso"
   result "$s" "$r" ml_iso_steps_per_sec "$(field steps_per_sec "$W/iso")"
@@ -196,7 +205,14 @@ case_ml() {
   sleep 1
   h0=$(ticks_by_comm stress-ng) u0=$(up_cs)
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf0" && b0=$(ticks_of "$SPID")
+  # Half-way through, which classes the ML threads have in scx_zernel's map.
+  dp=""
+  if [ "$s" = zernel ]; then
+    ( sleep $((TRAIN_S / 2)); echo "# [zernel] map mid-run with hogs: $(zernel_classes)" ) &
+    dp=$!
+  fi
   train_run "$W/con"
+  [ -n "$dp" ] && wait "$dp"   # only that job: the hogs are a background job too
   h1=$(ticks_by_comm stress-ng) u1=$(up_cs)
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf1" && b1=$(ticks_of "$SPID")
   stop_bg "$hp"
@@ -316,9 +332,14 @@ while [ "$r" -le "$REPS" ]; do
   for s in $SCHEDS; do
     echo "# rep $r/$REPS: $s ($(uptime_s) s since boot)"
     if sched_start "$s"; then
-      case_ml "$s" "$r"
-      case_latency "$s" "$r"
-      [ "$s" != eevdf ] && case_cost "$s" "$r"
+      t=$(up_cs); case_ml "$s" "$r"
+      echo "# [$s] ml: $(( ($(up_cs) - t) / 100 )) s"
+      t=$(up_cs); case_latency "$s" "$r"
+      echo "# [$s] latency: $(( ($(up_cs) - t) / 100 )) s"
+      if [ "$s" != eevdf ]; then
+        t=$(up_cs); case_cost "$s" "$r"
+        echo "# [$s] cost: $(( ($(up_cs) - t) / 100 )) s"
+      fi
       [ "$s" = eevdf ] || alive "$SPID" || _notok "[$s] still running after its cases"
     else
       echo "BENCHNOTE sched=$s rep $r: failed to attach, no results"

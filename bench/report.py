@@ -149,8 +149,8 @@ TARGETS = [
     ("hogs' CPU ÷ CPU the ML job leaves idle", "hogs_share_of_idle", "ge", 0.90, ""),
     ("cyclictest p99 ÷ EEVDF's (same rep)", "cyclictest_p99_over_eevdf", "le", 1.2, "×"),
     ("average ns per BPF call (all struct_ops programs, ML + hogs run)", "bpf_ns_avg", "le", 200, " ns"),
-    ("scheduler process CPU, 2,000 ML threads", "sched_cpu_pct_ml_threads", "le", 1.0, " %"),
-    ("scheduler process CPU, 2,000 non-ML threads", "sched_cpu_pct_plain_threads", "le", 1.0, " %"),
+    ("scheduler process CPU, {threads} ML threads", "sched_cpu_pct_ml_threads", "le", 1.0, " %"),
+    ("scheduler process CPU, {threads} non-ML threads", "sched_cpu_pct_plain_threads", "le", 1.0, " %"),
 ]
 # Metrics whose absolute value is CPU time, to be scaled by the calibration factor.
 CPU_TIME_METRICS = {"bpf_ns_avg", "sched_cpu_pct_ml_threads", "sched_cpu_pct_plain_threads"}
@@ -167,9 +167,10 @@ def judge(kind, bound, x):
     return False, f"over by {fmt(x - bound)} ({(x - bound) / bound * 100:.0f} % over)"
 
 
-def targets(d, factor, short):
+def targets(d, factor, short, threads):
     rows, records = [], []
     for label, metric, kind, bound, unit in TARGETS:
+        label = label.format(threads=threads)
         summ = d.summary("zernel", metric)
         x = summ["median"] if summ else None
         ok, miss = judge(kind, bound, x)
@@ -305,7 +306,10 @@ def main():
         factor = float(meta["calib_host_ops_per_cpu_s"]) / float(meta["calib_guest_ops_per_cpu_s"])
     except (KeyError, ValueError, ZeroDivisionError):
         factor = None
-    target_md, target_recs = targets(d, factor, short)
+    threads = meta.get("threads", "?")
+    if threads.isdigit():
+        threads = f"{int(threads):,}"
+    target_md, target_recs = targets(d, factor, short, threads)
     scheds = d.scheds
     peers = {p: meta.get(f"peer.{p}", "?") for p in ("bpfland", "lavd")}
     for p, status in peers.items():
@@ -378,6 +382,13 @@ def main():
         "\"CPU left idle by the ML job\" = vCPUs × the trainer's run time − the ML job's CPU time "
         "(trainer and workers, from `time -p`); the hogs' CPU time over the same window comes from "
         "/proc. Hogs' bogo ops/s (stress-ng --metrics-brief) cover their whole run.\n")
+    md.append(
+        "How to read steps/s: the workload's CPU phases are timed, not sized (a thread spins *until a "
+        "deadline*: optimizer, all-reduce, decode), so a thread that gets less CPU still ends its phase on "
+        "time. Steps/s therefore measure the pipeline's wake-up and hand-off delays (20 ms fake-GPU "
+        "kernel launches, condvar hand-offs, batch reads), not its share of the CPU; the row \"ML job CPU "
+        "with hogs ÷ alone\" shows that share. With about 20 steps a run, the loader-wait p99 is the "
+        "slowest wait, usually the first batch (0.5 s of decoding before anything is queued).\n")
     md.append(table(d, [
         ("ml_iso_steps_per_sec", "training steps/s, alone"),
         ("ml_con_steps_per_sec", "training steps/s, with 8 hogs"),

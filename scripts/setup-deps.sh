@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # setup-deps.sh - install what building and testing scx_zernel needs on Debian 12.
 #
-#   sudo scripts/setup-deps.sh
+#   sudo scripts/setup-deps.sh [--build-only]
+#
+# --build-only: only what building and running the scheduler needs (no VM).
 #
 # Idempotent: only what is missing is installed, so a second run changes nothing
 # and needs no root. Installs
@@ -21,6 +23,10 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VMRUN=$ROOT/tests/vm/vmrun.sh
 PKGS=(clang-19 libelf-dev zlib1g-dev pkg-config make gcc busybox-static stress-ng rt-tests)
 QEMU_MIN=10
+BUILD_ONLY=0
+if [ "${1:-}" = --build-only ]; then
+  BUILD_ONLY=1 PKGS=(clang-19 libelf-dev zlib1g-dev pkg-config make gcc)
+fi
 
 log() { echo "setup-deps: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -49,7 +55,9 @@ fi
 # dependencies (qemu-system-common, qemu-system-data, seabios) must come from
 # backports too, which `-t bookworm-backports` allows.
 qv=$(qemu_major)
-if [ "${qv:-0}" -ge "$QEMU_MIN" ]; then
+if [ "$BUILD_ONLY" = 1 ]; then
+  :
+elif [ "${qv:-0}" -ge "$QEMU_MIN" ]; then
   log "qemu $qv already installed"
 else
   need_root "qemu-system-x86 >= $QEMU_MIN (found: ${qv:-none})"
@@ -72,5 +80,5 @@ if ! command -v cargo >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/carg
 fi
 
 # ---- the guest kernel --------------------------------------------------------------------------
-"$VMRUN" --fetch-only >/dev/null
+[ "$BUILD_ONLY" = 1 ] || "$VMRUN" --fetch-only >/dev/null
 log "done"

@@ -262,9 +262,7 @@ mod tests {
     fn shipped_config_parses_and_equals_defaults() {
         let text = include_str!("../configs/zernel.toml");
         let cfg = Config::parse(text, "configs/zernel.toml").unwrap();
-        assert_eq!(cfg.scheduler, SchedulerConfig::default());
-        assert_eq!(cfg.phase, crate::phase::PhaseConfig::default());
-        assert_eq!(cfg.policy, PolicyConfig::default());
+        assert_eq!(cfg, Config::default());
     }
 
     #[test]

@@ -32,6 +32,7 @@ cpu_of() { sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f37; }
 # sample TID N : N samples 50 ms apart; prints "on_node1 total".
 sample() {
   _on=0 _tot=0 _i=0
+  [ -n "$1" ] || { echo "0 0"; return; }
   while [ $_i -lt "$2" ]; do
     _c=$(cpu_of "$1") || break
     _tot=$((_tot + 1))
@@ -47,8 +48,10 @@ ticks_of() { sed 's/.*) //' "/proc/$feeder/task/$1/stat" | awk '{ print $12 + $1
 # Start the GPU thread on node 0 on purpose: it must move to node 1.
 CUDA_VISIBLE_DEVICES=0 taskset -c 0 zernel-workload hog --name gpu_feeder --secs 30 --threads 1 &
 feeder=$!
-wait_until 5 sh -c "[ -n \"\$(ls /proc/$feeder/task 2>/dev/null)\" ]"
+feeder_up() { [ -n "$(tids_by_comm gpu_feeder)" ]; }
+wait_until 10 feeder_up
 tid=$(tids_by_comm gpu_feeder | tail -n 1)
+check "the GPU thread is running (tid '$tid')" feeder_up
 taskset -p -c 0-3 "$tid" >/dev/null   # now free to move: the scheduler decides
 has_node1() { [ "$(ztask "$tid" node)" = 1 ]; }
 wait_until 10 has_node1
@@ -74,13 +77,15 @@ pct=$(( (t1 - t0) * 100 / (u1 - u0) ))
 echo "with node 1 saturated: $1 of $2 samples on node 1, $((t1 - t0)) of $((u1 - u0)) ticks on CPU ($pct%)"
 assert_ge "still runs with node 1 saturated (>= 50% of a CPU, got $pct%)" "$pct" 50
 assert_gt "it ran on node 0 CPUs (steals)" $(($2 - $1)) 0
+assert_gt "samples were taken" "$2" 0
 
 # Affinity: pinned to CPU 1 (node 0), it must never run on node 1.
 kill "$hogs" 2>/dev/null; wait "$hogs" 2>/dev/null
 taskset -p -c 1 "$tid" >/dev/null
 sleep 0.5
 set -- $(sample "$tid" 40)
-assert_eq "affinity respected: no sample on node 1 when pinned to CPU 1" "$1" 0
+assert_eq "affinity respected: no sample on node 1 when pinned to CPU 1 ($2 samples)" "$1" 0
+assert_gt "samples were taken" "$2" 0
 
 kill "$feeder" 2>/dev/null; wait "$feeder" 2>/dev/null
 zernel_stop TERM
