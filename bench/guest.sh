@@ -135,12 +135,18 @@ sched_stop() {
   assert_eq "[$1] sched_ext is disabled after" "$(sched_state)" disabled
 }
 
-# bpf_snapshot PID : one line per struct_ops program (prog_type 27) the process
-# holds an fd of: "prog_id name run_time_ns run_cnt". fdinfo has no name; the
-# name comes from the program's kallsyms symbol bpf_prog_<tag>_<name>.
-bpf_snapshot() {
+# bpf_symbols : the names of the loaded BPF programs by tag, from their kallsyms
+# symbols bpf_prog_<tag>_<name> (fdinfo has no name). Reading /proc/kallsyms
+# takes seconds under TCG, so this runs once per attach, outside any
+# measurement window.
+bpf_symbols() {
   grep ' bpf_prog_' /proc/kallsyms |
     awk '$3 ~ /^bpf_prog_/ { s = substr($3, 10); print substr(s, 1, 16), substr(s, 18) }' >"$W/bpfsyms"
+}
+
+# bpf_snapshot PID : one line per struct_ops program (prog_type 27) the process
+# holds an fd of: "prog_id name run_time_ns run_cnt".
+bpf_snapshot() {
   cat "/proc/$1/fdinfo/"* 2>/dev/null | awk -v syms="$W/bpfsyms" '
     BEGIN { while ((getline l < syms) > 0) { split(l, a, " "); name[a[1]] = a[2] } }
     function flush() {
@@ -188,6 +194,12 @@ train_run() {
 }
 # cpu_secs FILE : user+sys seconds from `time -p` output.
 cpu_secs() { awk '$1 == "user" || $1 == "sys" { t += $2 } END { print t + 0 }' "$1"; }
+# ml_cpu_frac FILE : (user+sys) / real from `time -p` output: the CPUs the
+# ML job used on average over its run.
+ml_cpu_frac() {
+  awk '$1 == "user" || $1 == "sys" { t += $2 } $1 == "real" { r = $2 }
+    END { if (r > 0) printf "%.4f\n", t / r }' "$1"
+}
 
 case_ml() {
   local s="$1" r="$2" hp h0 h1 u0 u1 b0 b1 ml_cpu win dp
@@ -196,15 +208,18 @@ case_ml() {
   result "$s" "$r" ml_iso_steps_per_sec "$(field steps_per_sec "$W/iso")"
   result "$s" "$r" ml_iso_gpu_busy_frac "$(field gpu_busy_frac "$W/iso")"
   result "$s" "$r" ml_iso_loader_p99_ms "$(field loader_wait_p99_ms "$W/iso")"
-  result "$s" "$r" ml_iso_cpu "$(calc "$(cpu_secs "$W/iso.time") / $(field secs "$W/iso")")"
+  result "$s" "$r" ml_iso_cpu "$(ml_cpu_frac "$W/iso.time")"
 
   # With 2x oversubscription: 8 hogs on 4 vCPUs. They run from 1 s before the
   # trainer starts until it ends (SIGINT: stress-ng then prints its metrics).
+  # The window of every measurement is the trainer's run: from just before it
+  # starts to just after it ends.
+  [ -n "$SPID" ] && bpf_symbols
   stress-ng --cpu $((2 * NCPU)) --timeout 3600s --metrics-brief >"$W/hogs.out" 2>&1 &
   hp=$!
   sleep 1
-  h0=$(ticks_by_comm stress-ng) u0=$(up_cs)
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf0" && b0=$(ticks_of "$SPID")
+  h0=$(ticks_by_comm stress-ng) u0=$(up_cs)
   # Half-way through, which classes the ML threads have in scx_zernel's map.
   dp=""
   if [ "$s" = zernel ]; then
@@ -221,7 +236,7 @@ case_ml() {
   result "$s" "$r" ml_con_steps_per_sec "$(field steps_per_sec "$W/con")"
   result "$s" "$r" ml_con_gpu_busy_frac "$(field gpu_busy_frac "$W/con")"
   result "$s" "$r" ml_con_loader_p99_ms "$(field loader_wait_p99_ms "$W/con")"
-  result "$s" "$r" ml_con_cpu "$(calc "$ml_cpu / $win")"
+  result "$s" "$r" ml_con_cpu "$(ml_cpu_frac "$W/con.time")"
   # The hogs' share of what the ML job left: their CPU time over the trainer's
   # run / (vCPUs x that time - the trainer's CPU time).
   result "$s" "$r" hogs_cpu "$(calc "($h1 - $h0) / 100 / $win")"

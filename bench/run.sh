@@ -97,7 +97,7 @@ build_peer() {
   if [ -x "$root/bin/$name" ] && grep -q "^\"$name $PEER_VERSION " "$root/.crates.toml" 2>/dev/null; then
     return 0
   fi
-  log "building $name@$PEER_VERSION (once; cached in $root; log $plog)"
+  log "building $name@$PEER_VERSION (once; cached in $root; log $plog)" >&2
   # One target dir for both peers: they share most dependencies (scx_utils, libbpf-sys).
   BPF_CLANG=clang-19 LIBBPF_SYS_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu \
     CARGO_TARGET_DIR=$root/target \

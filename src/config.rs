@@ -316,3 +316,64 @@ mod tests {
         assert_eq!(Class::from_index(4), None);
     }
 }
+
+/// Property test: no input makes the parser panic, and every error is one
+/// line naming the file. Inputs are the shipped config mutated at random
+/// (byte flips, cuts, splices, duplicated lines) by a fixed-seed generator.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+
+    struct XorShift(u64);
+
+    impl XorShift {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n.max(1) as u64) as usize
+        }
+    }
+
+    const TOKENS: [&str; 12] =
+        ["=", "[", "]", "\"", "\n", "-1", "1e309", "[[rules]]", "class = \"x\"", "{", "18446744073709551616", "\u{0}"];
+
+    #[test]
+    fn no_input_panics_and_errors_are_one_line() {
+        let base = include_str!("../configs/zernel.toml").as_bytes().to_vec();
+        let mut rng = XorShift(0x5eed_2e41);
+        let (mut ok, mut err) = (0, 0);
+        for _ in 0..4000 {
+            let mut b = base.clone();
+            for _ in 0..=rng.below(4) {
+                let at = rng.below(b.len());
+                match rng.below(4) {
+                    0 if at < b.len() => b[at] = rng.next() as u8,
+                    0 | 1 => b.truncate(at),
+                    2 => {
+                        let t = TOKENS[rng.below(TOKENS.len())].as_bytes();
+                        b.splice(at..at, t.iter().copied());
+                    }
+                    _ => {
+                        let end = (at + rng.below(200)).min(b.len());
+                        let chunk = b[at..end].to_vec();
+                        b.splice(at..at, chunk);
+                    }
+                }
+            }
+            let text = String::from_utf8_lossy(&b);
+            match Config::parse(&text, "f.toml") {
+                Ok(_) => ok += 1,
+                Err(e) => {
+                    err += 1;
+                    assert!(e.0.starts_with("f.toml"), "{e}");
+                    assert!(!e.0.contains('\n'), "multi-line error: {e}");
+                }
+            }
+        }
+        assert!(ok > 0 && err > 0, "mutations should give both outcomes: {ok} ok, {err} errors");
+    }
+}

@@ -275,7 +275,7 @@ fn identity<'a>(p: &'a ProcessView, comm: &'a str) -> Identity<'a> {
 
 impl Decisions {
     /// Writes what changed; forgets what is gone. Returns (written, full).
-    fn apply(&mut self, sched: &Scheduler, snap: &Snapshot, decided: &[(u32, u64, Decision)]) -> (u64, u64) {
+    fn apply(&mut self, sched: &Scheduler, decided: &[(u32, u64, Decision)]) -> (u64, u64) {
         let (mut written, mut full) = (0, 0);
         let mut live: HashSet<u32> = HashSet::with_capacity(decided.len());
         for (tid, start, d) in decided {
@@ -292,12 +292,13 @@ impl Decisions {
                 Err(e) => sched::warn_write(*tid, &e),
             }
         }
-        // Threads that vanished (exit_task already deleted their entry) or
-        // lost their decision (phase back to Unknown: delete it).
-        let exited: HashSet<u32> = snap.gone.iter().map(|g| g.tid as u32).collect();
+        // Threads that lost their decision (phase back to Unknown) or
+        // vanished. exit_task deletes the entry of an exiting thread, but a
+        // thread that exited between the observer's pass and our write got
+        // its entry after exit_task ran: delete in both cases.
         self.held.retain(|tid, _| {
             let keep = live.contains(tid);
-            if !keep && !exited.contains(tid) {
+            if !keep {
                 sched.remove(*tid);
             }
             keep
@@ -400,7 +401,7 @@ fn serve(
             sched.set_tenant_weights(&pipeline.tenants)?;
         }
         pipeline.pass();
-        let (written, full) = decisions.apply(sched, pipeline.snapshot(), pipeline.decisions());
+        let (written, full) = decisions.apply(sched, pipeline.decisions());
         metrics.decisions_written += written;
         metrics.map_full += full;
         if full > 0 && metrics.map_full == full {
