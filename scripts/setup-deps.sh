@@ -10,7 +10,8 @@
 #   - the BPF build: clang-19 (clang >= 18 is needed), libelf-dev, zlib1g-dev,
 #     pkg-config, make, gcc (libbpf is built from source by libbpf-sys);
 #   - the VM tests: busybox-static (the guest's userland), stress-ng and
-#     rt-tests (cyclictest) as workloads, and qemu-system-x86 >= 10 from
+#     rt-tests (cyclictest) as workloads, systemd (systemd-analyze verify of the
+#     unit), and qemu-system-x86 >= 10 from
 #     bookworm-backports: bookworm's qemu 7.2 crashes guests under multi-threaded
 #     TCG when sched_ext patches static keys;
 #   - the guest kernel: Debian's sched_ext-enabled kernel, downloaded into the
@@ -21,7 +22,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VMRUN=$ROOT/tests/vm/vmrun.sh
-PKGS=(clang-19 libelf-dev zlib1g-dev pkg-config make gcc busybox-static stress-ng rt-tests)
+PKGS=(clang-19 libelf-dev zlib1g-dev pkg-config make gcc busybox-static stress-ng rt-tests systemd)
 QEMU_MIN=10
 BUILD_ONLY=0
 if [ "${1:-}" = --build-only ]; then

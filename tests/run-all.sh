@@ -88,6 +88,10 @@ if (( UNIT )); then
   t0=$SECONDS
   if cargo test --release; then result PASS unit $((SECONDS - t0))
   else result FAIL unit $((SECONDS - t0)); fi
+  echo "=== unit: tests/packaging.sh (systemd unit, scx_loader snippet, DaemonSet)"
+  t1=$SECONDS
+  if cargo build --release --bin scx_zernel -q && bash tests/packaging.sh; then result PASS packaging $((SECONDS - t1))
+  else result FAIL packaging $((SECONDS - t1)); fi
   UNIT_TIME=$((SECONDS - t0))
 fi
 

@@ -1,0 +1,39 @@
+#!/bin/sh
+# vm: --smp 2 --mem 1G
+#
+# Operability against a running instance: the OpenMetrics endpoint serves
+# HELP/TYPE lines and a counter that moves between two scrapes; `--monitor`
+# (client only) prints the stats of the running daemon; `--stats` prints
+# them from the daemon itself; `inspect` reads the pinned maps.
+# shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
+. "$(dirname "$0")/../guest-lib.sh"
+
+printf '[[rules]]\ncomm = "^zt_batch$"\nclass = "batch"\n' >/tmp/ops.toml
+zernel_start /tmp/ops.toml --metrics-addr 127.0.0.1:9093 --stats 1 || finish
+zernel-workload hog --name zt_batch --secs 20 --threads 2 &
+hog=$!
+scrape() { wget -q -O - http://127.0.0.1:9093/metrics; }
+sleep 2
+scrape >/tmp/m1
+sleep 2
+scrape >/tmp/m2
+head -n 6 /tmp/m1
+check "metrics have HELP and TYPE lines" sh -c "grep -q '^# HELP zernel_batch_enqueued_total ' /tmp/m1 && grep -q '^# TYPE zernel_batch_enqueued_total counter' /tmp/m1"
+v1=$(awk '$1 == "zernel_batch_enqueued_total" { print $2 }' /tmp/m1)
+v2=$(awk '$1 == "zernel_batch_enqueued_total" { print $2 }' /tmp/m2)
+echo "zernel_batch_enqueued_total: $v1 -> $v2"
+assert_gt "a counter moved between two scrapes" "${v2:-0}" "${v1:-0}"
+check "gauges are typed as gauges" grep -q '^# TYPE zernel_map_entries gauge' /tmp/m2
+
+timeout 4 scx_zernel --monitor 1 >/tmp/mon 2>&1
+head -n 4 /tmp/mon
+check "--monitor prints the running daemon's stats" grep -q '^\[zernel\] enq' /tmp/mon
+check "--stats prints from the daemon" grep -q '^\[zernel\] threads' "$ZLOG"
+check "inspect reads the pinned maps" sh -c "scx_zernel inspect | grep -q '^map_capacity 65536'"
+
+kill "$hog"; wait "$hog" 2>/dev/null
+zernel_stop INT
+assert_eq "SIGINT: exit 0" "$ZRC" 0
+check "pinned maps removed on exit" sh -c "[ ! -e /sys/fs/bpf/scx_zernel/task_class ]"
+check "dmesg is clean" dmesg_clean
+finish
