@@ -166,6 +166,7 @@ pub struct Config {
     pub topology: crate::topology::TopologyConfig,
     pub policy: PolicyConfig,
     pub rules: Vec<RuleConfig>,
+    pub tenancy: crate::tenants::TenancyConfig,
     pub tenants: Vec<crate::tenants::TenantConfig>,
 }
 
@@ -224,6 +225,7 @@ impl Config {
         for (i, r) in self.rules.iter().enumerate() {
             r.validate().map_err(|e| format!("rules[{i}]: {e}"))?;
         }
+        self.tenancy.validate()?;
         crate::tenants::Tenants::compile(&self.tenants)?;
         Ok(())
     }

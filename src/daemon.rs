@@ -230,6 +230,20 @@ impl Pipeline {
                 self.decided.push((tid, t.start_ticks, d));
             }
         }
+        // Tenants weighted by the GPUs they use: one sample per pass.
+        if self.tenants.measured() {
+            let mut used: Vec<HashSet<u32>> = vec![HashSet::new(); self.tenants.len()];
+            for p in snap.processes.iter().filter(|p| !p.gpu.devices.is_empty()) {
+                if let Some(i) = self.tenants.of_cgroup(&p.cgroup) {
+                    used[i].extend(p.gpu.devices.iter().copied());
+                }
+            }
+            let counts: Vec<usize> = used.iter().map(HashSet::len).collect();
+            if self.tenants.rebalance(&counts, &self.cfg.tenancy, Instant::now()) {
+                info!("tenant weights rebalanced: GPUs in use {counts:?}, weights {:?}", self.tenants.weights());
+                self.tenants_changed = true;
+            }
+        }
         // `ml = true` rules make the process ML (effective next pass).
         for (pid, force) in forced {
             self.observer.set_forced_ml(pid, force);

@@ -15,11 +15,20 @@
 //!        vtime, so its share returns at once.
 //! ```
 //!
+//! GPU counts: a tenant with neither `gpus` nor `weight` is weighted by the
+//! GPUs its processes use right now (from the GPU provider). That count is
+//! smoothed with an EWMA (`tenancy.demand_smoothing`), and the weights in
+//! the kernel change only when some tenant's smoothed count moved by more
+//! than `tenancy.rebalance_threshold` (relative) and the last change is
+//! older than `tenancy.rebalance_cooldown_ms`: no flapping.
+//!
 //! Latency-critical threads of a tenant (kernel launchers, NCCL) keep
 //! their class and are not charged to a tenant queue: they run first.
 //! Tenant queues are served after the ml and normal queues of tasks that
 //! belong to no tenant (system services: light, and they must stay
 //! responsive) and before the batch queue.
+
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -36,16 +45,13 @@ pub struct TenantConfig {
     /// belongs to the tenant.
     pub cgroup: String,
     /// GPUs the tenant holds: its CPU share is proportional to this
-    /// (Zernel's model). Default 1.
-    #[serde(default = "one")]
-    pub gpus: u32,
+    /// (Zernel's model). Absent (and no weight): the GPUs its processes use,
+    /// measured live.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
     /// An explicit weight instead of the GPU count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<u32>,
-}
-
-fn one() -> u32 {
-    1
 }
 
 const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
@@ -58,9 +64,9 @@ impl TenantConfig {
         if p.is_empty() { "/".into() } else { p.into() }
     }
 
-    /// Relative CPU share.
-    pub fn share(&self) -> u32 {
-        self.weight.unwrap_or(self.gpus)
+    /// Fixed relative CPU share; None = measured GPU count.
+    pub fn share(&self) -> Option<u32> {
+        self.weight.or(self.gpus)
     }
 }
 
@@ -69,7 +75,49 @@ impl TenantConfig {
 pub struct Tenants {
     names: Vec<String>,
     paths: Vec<String>,
+    /// Configured share, None = measured GPUs.
+    fixed: Vec<Option<u32>>,
+    /// Weights in force (what the kernel has).
     weights: Vec<u64>,
+    /// Smoothed GPU count of measured tenants.
+    demand: Vec<f64>,
+    last_change: Option<Instant>,
+}
+
+const UNIT: u64 = bpf_intf::zernel_consts_ZERNEL_WEIGHT_UNIT as u64;
+
+/// `[tenancy]`: how measured GPU counts become weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenancyConfig {
+    /// EWMA factor of a new GPU-count sample (0 < x <= 1; 1 = no smoothing).
+    pub demand_smoothing: f64,
+    /// Re-weight only when a tenant's smoothed count moved by more than this
+    /// fraction of its weight in force.
+    pub rebalance_threshold: f64,
+    /// ...and the last re-weighting is at least this old (ms).
+    pub rebalance_cooldown_ms: u64,
+}
+
+impl Default for TenancyConfig {
+    fn default() -> Self {
+        Self { demand_smoothing: 0.3, rebalance_threshold: 0.2, rebalance_cooldown_ms: 5000 }
+    }
+}
+
+impl TenancyConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.demand_smoothing > 0.0 && self.demand_smoothing <= 1.0) {
+            return Err(format!("tenancy.demand_smoothing = {} must be in (0, 1]", self.demand_smoothing));
+        }
+        if !(0.0..=10.0).contains(&self.rebalance_threshold) {
+            return Err(format!("tenancy.rebalance_threshold = {} must be within 0..=10", self.rebalance_threshold));
+        }
+        if self.rebalance_cooldown_ms > 3_600_000 {
+            return Err(format!("tenancy.rebalance_cooldown_ms = {} exceeds one hour", self.rebalance_cooldown_ms));
+        }
+        Ok(())
+    }
 }
 
 impl Tenants {
@@ -86,13 +134,18 @@ impl Tenants {
             if !c.cgroup.starts_with('/') || c.cgroup.contains("..") {
                 return Err(format!("tenants[{i}].cgroup = {:?}: must be an absolute cgroup path", c.cgroup));
             }
-            if !(1..=10_000).contains(&c.share()) {
-                let key = if c.weight.is_some() { "weight" } else { "gpus" };
-                return Err(format!("tenants[{i}].{key} = {}: must be within 1..=10000", c.share()));
+            if let Some(share) = c.share() {
+                if !(1..=10_000).contains(&share) {
+                    let key = if c.weight.is_some() { "weight" } else { "gpus" };
+                    return Err(format!("tenants[{i}].{key} = {share}: must be within 1..=10000"));
+                }
             }
             t.names.push(c.name.clone());
             t.paths.push(c.path());
-            t.weights.push(u64::from(c.share()) * u64::from(bpf_intf::zernel_consts_ZERNEL_WEIGHT_UNIT));
+            t.fixed.push(c.share());
+            // Measured tenants start at one GPU until the first rebalance.
+            t.weights.push(u64::from(c.share().unwrap_or(1)) * UNIT);
+            t.demand.push(1.0);
         }
         Ok(t)
     }
@@ -112,6 +165,41 @@ impl Tenants {
     /// BPF weights, by tenant index.
     pub fn weights(&self) -> &[u64] {
         &self.weights
+    }
+
+    /// Feeds one sample of the GPUs each tenant's processes use (by tenant
+    /// index) at `now`; returns true when the weights in force changed.
+    pub fn rebalance(&mut self, gpus_in_use: &[usize], cfg: &TenancyConfig, now: Instant) -> bool {
+        let a = cfg.demand_smoothing;
+        let mut moved = false;
+        for i in 0..self.names.len() {
+            if self.fixed[i].is_some() {
+                continue;
+            }
+            let sample = gpus_in_use.get(i).copied().unwrap_or(0).max(1) as f64;
+            self.demand[i] = a * sample + (1.0 - a) * self.demand[i];
+            let target = self.demand[i] * UNIT as f64;
+            let current = self.weights[i] as f64;
+            moved |= (target - current).abs() > cfg.rebalance_threshold * current;
+        }
+        let cooled = self
+            .last_change
+            .is_none_or(|t| now.duration_since(t).as_millis() >= u128::from(cfg.rebalance_cooldown_ms));
+        if !moved || !cooled {
+            return false;
+        }
+        for i in 0..self.names.len() {
+            if self.fixed[i].is_none() {
+                self.weights[i] = (self.demand[i] * UNIT as f64).round().max(1.0) as u64;
+            }
+        }
+        self.last_change = Some(now);
+        true
+    }
+
+    /// Does any tenant take its weight from measured GPUs?
+    pub fn measured(&self) -> bool {
+        self.fixed.iter().any(Option::is_none)
     }
 
     /// The tenant whose subtree holds `cgroup` (deepest match wins).
@@ -134,7 +222,7 @@ mod tests {
     use super::*;
 
     fn t(name: &str, cgroup: &str, gpus: u32, weight: Option<u32>) -> TenantConfig {
-        TenantConfig { name: name.into(), cgroup: cgroup.into(), gpus, weight }
+        TenantConfig { name: name.into(), cgroup: cgroup.into(), gpus: Some(gpus), weight }
     }
 
     #[test]
@@ -153,6 +241,29 @@ mod tests {
         let ts = Tenants::compile(&[t("all", "/train", 1, None), t("vip", "/train/vip", 1, None)]).unwrap();
         assert_eq!(ts.of_cgroup("/train/vip/x"), Some(1));
         assert_eq!(ts.of_cgroup("/train/y"), Some(0));
+    }
+
+    #[test]
+    fn measured_gpus_rebalance_with_smoothing_threshold_and_cooldown() {
+        let auto = TenantConfig { name: "auto".into(), cgroup: "/auto".into(), gpus: None, weight: None };
+        let mut ts = Tenants::compile(&[t("fixed", "/f", 2, None), auto]).unwrap();
+        assert!(ts.measured());
+        let cfg = TenancyConfig { demand_smoothing: 0.5, rebalance_threshold: 0.2, rebalance_cooldown_ms: 1000 };
+        let t0 = Instant::now();
+        let ms = |n| t0 + std::time::Duration::from_millis(n);
+        // One GPU, as assumed at start: nothing moves.
+        assert!(!ts.rebalance(&[0, 1], &cfg, ms(0)));
+        // Four GPUs: the EWMA gives 2.5, past the threshold: re-weight.
+        assert!(ts.rebalance(&[0, 4], &cfg, ms(100)));
+        assert_eq!(ts.weights(), &[2 * 1024, 2560]);
+        // Within the cooldown nothing changes although the demand grows.
+        assert!(!ts.rebalance(&[0, 4], &cfg, ms(600)));
+        assert_eq!(ts.weights()[1], 2560);
+        // After it, the smoothed 3.625 is applied; the fixed tenant never moves.
+        assert!(ts.rebalance(&[9, 4], &cfg, ms(1200)));
+        assert_eq!(ts.weights(), &[2 * 1024, 3712]);
+        // Small moves (below 20%) are ignored.
+        assert!(!ts.rebalance(&[0, 4], &cfg, ms(5000)));
     }
 
     #[test]

@@ -336,8 +336,14 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	remember(p, class, tenant);
 	stat_cls(class, ZSTAT_ENQUEUED);
 
-	/* Preempt a CPU that runs a lower class: no waiting a whole slice. */
-	if (tc && (tc->flags & ZFLAG_PREEMPT) && !(enq_flags & SCX_ENQ_REENQ)) {
+	/*
+	 * A wakeup preempts a CPU that runs a lower class: no waiting a whole
+	 * slice. Only wakeups: a CPU-bound thread at the end of its slice
+	 * queues like any other, or spinners with the flag would take every
+	 * CPU back from the tasks the starvation bound lets run.
+	 */
+	if (tc && (tc->flags & ZFLAG_PREEMPT) && (enq_flags & SCX_ENQ_WAKEUP) &&
+	    !(enq_flags & SCX_ENQ_REENQ)) {
 		cpu = find_victim(p, class);
 		if (cpu >= 0) {
 			scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL_ON | cpu, slice,

@@ -46,7 +46,7 @@ sample() {
 ticks_of() { sed 's/.*) //' "/proc/$feeder/task/$1/stat" | awk '{ print $12 + $13 }'; }
 
 # Start the GPU thread on node 0 on purpose: it must move to node 1.
-CUDA_VISIBLE_DEVICES=0 taskset -c 0 zernel-workload hog --name gpu_feeder --secs 30 --threads 1 &
+CUDA_VISIBLE_DEVICES=0 taskset -c 0 zernel-workload hog --name gpu_feeder --secs 300 --threads 1 &
 feeder=$!
 feeder_up() { [ -n "$(tids_by_comm gpu_feeder)" ]; }
 wait_until 10 feeder_up
