@@ -96,6 +96,7 @@ class Data:
             self.ratio("cyclictest_p99_over_eevdf", s, "cyclictest_p99_us", "eevdf", "cyclictest_p99_us")
             self.ratio("cyclictest_max_over_eevdf", s, "cyclictest_max_us", "eevdf", "cyclictest_max_us")
             self.ratio("messaging_over_eevdf", s, "messaging_secs", "eevdf", "messaging_secs")
+            self.ratio("bpf_ns_over_bpfland", s, "bpf_ns_avg", "bpfland", "bpf_ns_avg")
 
     def summary(self, sched, metric):
         vals = list(self.get(sched, metric).values())
@@ -157,6 +158,7 @@ CPU_TIME_METRICS = {"bpf_ns_avg", "sched_cpu_pct_ml_threads", "sched_cpu_pct_pla
 
 
 def judge(kind, bound, x):
+    """(met, how far from the bound) of measured value x."""
     if x is None:
         return None, ""
     ok = x >= bound if kind == "ge" else x <= bound
@@ -164,7 +166,18 @@ def judge(kind, bound, x):
         return True, ""
     if kind == "ge":
         return False, f"short by {fmt(bound - x)} ({(bound - x) / bound * 100:.0f} % under)"
+    if x >= 2 * bound:
+        times = x / bound
+        return False, f"{times:.0f}× the bound" if times >= 10 else f"{times:.1f}× the bound"
     return False, f"over by {fmt(x - bound)} ({(x - bound) / bound * 100:.0f} % over)"
+
+
+def verdict(ok, miss, short):
+    if ok is None:
+        return "not measured"
+    if short:
+        return ("yes" if ok else "no") + " (--short: not meaningful)"
+    return "**yes**" if ok else f"**no**: {miss}"
 
 
 def targets(d, factor, short, threads):
@@ -174,25 +187,23 @@ def targets(d, factor, short, threads):
         summ = d.summary("zernel", metric)
         x = summ["median"] if summ else None
         ok, miss = judge(kind, bound, x)
-        extra = ""
         rec = {"target": label, "metric": metric, "bound": bound, "kind": kind,
                "measured": x, "met": ok, "miss": miss}
-        if metric in CPU_TIME_METRICS and factor and x is not None:
-            est = x / factor
-            eok, emiss = judge(kind, bound, est)
-            rec.update({"native_estimate": est, "native_estimate_met": eok})
-            extra = f"; ≈ {fmt(est)}{unit} native (÷ {factor:.1f}, rough): {'meets' if eok else 'misses'}"
-        if ok is None:
-            verdict = "not measured"
-        elif short:
-            verdict = ("yes" if ok else "no") + " (--short: not meaningful)"
-        else:
-            verdict = "**yes**" if ok else f"**no**: {miss}"
+        text = verdict(ok, miss, short)
+        if metric in CPU_TIME_METRICS and x is not None:
+            # An absolute CPU time measured under TCG: judged as measured, and
+            # again scaled by the emulation factor (a rough native estimate).
+            text = "as measured under TCG: " + text
+            if factor:
+                est = x / factor
+                eok, emiss = judge(kind, bound, est)
+                rec.update({"native_estimate": est, "native_estimate_met": eok})
+                text += f"; rough native estimate ≈ {fmt(est)}{unit}: {verdict(eok, emiss, short)}"
         peers = ", ".join(
             f"{SCHED_LABEL[s]} {fmt(d.summary(s, metric)['median'])}"
             for s in d.scheds if s != "zernel" and d.summary(s, metric))
         rows.append(f"| {label} | {'≥' if kind == 'ge' else '≤'} {fmt(bound)}{unit} | "
-                    f"{cell(summ)}{unit if summ else ''}{extra} | {verdict} | {peers or '–'} |")
+                    f"{cell(summ)}{unit if summ else ''} | {text} | {peers or '–'} |")
         records.append(rec)
     head = ["| target (scx_zernel) | bound | measured: median (min–max) | met? | others, median |",
             "|---|---|---|---|---|"]
@@ -252,9 +263,10 @@ def plot(d, path, meta):
                 cs.append(colors.get(s, "#9467bd"))
             bars = ax.bar(xs, ys, width * 0.9, yerr=[lo, hi], capsize=3, color=cs,
                           hatch=hatches[i % len(hatches)], edgecolor="black", linewidth=0.5)
-            for b, y in zip(bars, ys):
-                ax.annotate(fmt(y), (b.get_x() + b.get_width() / 2, y), ha="center", va="bottom",
-                            fontsize=7, xytext=(0, 2), textcoords="offset points")
+            # The median's value, above the whisker.
+            for b, y, h in zip(bars, ys, hi):
+                ax.annotate(fmt(y), (b.get_x() + b.get_width() / 2, y + h), ha="center", va="bottom",
+                            fontsize=7 if len(series) < 3 else 6, xytext=(0, 2), textcoords="offset points")
             if label:
                 handles.append(matplotlib.patches.Patch(facecolor="white", edgecolor="black",
                                                         hatch=hatches[i % len(hatches)], label=label))
@@ -365,8 +377,11 @@ def main():
             f"{fmt(float(meta['calib_host_ops_per_cpu_s']))} bogo ops per CPU-second on one host core and "
             f"{fmt(float(meta['calib_guest_ops_per_cpu_s']))} per guest CPU-second with every vCPU busy: "
             f"a guest CPU-second is worth about 1/{factor:.1f} of a native one. Kernel BPF code and "
-            f"a daemon reading /proc do not slow down exactly like an integer loop, so estimates "
-            f"divided by this factor are rough.\n")
+            f"a daemon reading /proc do not slow down exactly like an integer loop, and the factor "
+            f"moves with the host's load, so estimates divided by it are rough. The thread-pool "
+            f"windows of the cost case run in a mostly idle guest, whose vCPUs get more of the host "
+            f"than in the calibration: their native estimates lean optimistic. The peers, measured "
+            f"in the same boot, are the firmer yardstick.\n")
     md.append("Table cells: median (min–max) over the repetitions.\n")
 
     md.append("## Targets\n")
@@ -450,6 +465,7 @@ def main():
     cost_scheds = [s for s in scheds if s != "eevdf"]
     md.append(table(d, [
         ("bpf_ns_avg", "ns per BPF call, all struct_ops programs"),
+        ("bpf_ns_over_bpfland", "ns per BPF call ÷ scx_bpfland's (same rep)"),
         ("sched_cpu_pct_ml_threads", "scheduler process CPU, % of a vCPU: ML threads"),
         ("sched_cpu_pct_plain_threads", "scheduler process CPU, % of a vCPU: non-ML threads"),
         ("sched_cpu_pct_ml_load", "scheduler process CPU, % of a vCPU: ML + hogs run"),

@@ -80,7 +80,7 @@ T_BUILD=$((SECONDS - T_START))
 
 # ---- 2. the peers ------------------------------------------------------------------------
 # Meta lines for report.py, in the guest's format.
-META=$LOGDIR/host-meta.txt
+META=$OUT/host-meta.txt
 : >"$META"
 SCHEDS="eevdf zernel"
 ADDS=("$ROOT/target/release/scx_zernel=/usr/local/bin/scx_zernel"

@@ -73,13 +73,12 @@ snap() {
        END { print a, b }' "$CG/ga/cpu.stat" "$CG/gb/cpu.stat"
 }
 share_a() {   # share_a SECS : a's % of the two tenants' CPU over SECS
+  _secs=$1
   set -- $(snap); a0=$1 b0=$2
-  sleep "$1"
+  sleep "$_secs"
   set -- $(snap)
   echo $(( ($1 - a0) * 100 / ($1 - a0 + $2 - b0) ))
 }
-( while :; do sleep 5; echo "hb $(cut -d' ' -f1 /proc/uptime) $(scx_zernel inspect | awk '/^counter/ && $4 > 0 { printf "%s.%s=%s ", $2, $3, $4 } /tenant_dispatch|starved/ { printf "%s ", $0 }')"; done ) &
-hb=$!
 rebalanced() { [ "$(grep -c 'tenant weights rebalanced' "$ZLOG")" -ge "$1" ]; }
 wait_until 15 rebalanced 1
 grep 'tenant weights rebalanced' "$ZLOG"
