@@ -146,6 +146,18 @@ if (( VM )) && [ ${#CASES[@]} -gt 0 ]; then
   VM_TIME=$((SECONDS - t_vm))
 fi
 
+# ---- benchmark harness, short mode ---------------------------------------------------------
+# Checks that bench/run.sh works end to end (one VM boot, EEVDF and
+# scx_zernel, one short repetition); its numbers are not meaningful. Only in a
+# full run (no case selection): the peers are left out to bound CI time
+# (`bench/run.sh` builds and runs them).
+if (( VM )) && (( UNIT )) && [ ${#SELECTED[@]} -eq 0 ]; then
+  echo "=== bench: bench/run.sh --short --no-peers"
+  t0=$SECONDS
+  if bench/run.sh --short --no-peers >"$LOGDIR/bench-short.log" 2>&1; then result PASS bench-short $((SECONDS - t0))
+  else result FAIL bench-short $((SECONDS - t0)) "$LOGDIR/bench-short.log"; fi
+fi
+
 # ---- summary ------------------------------------------------------------------------------
 echo
 echo "=== summary"
