@@ -27,9 +27,12 @@
 #      README.md (tables: median and min-max per metric and scheduler,
 #      targets) and plot.png (matplotlib, installed once into
 #      $BENCH_CACHE/venv).
-# The guest's output is kept in OUT/guest.log, the kernel console in
-# target/bench/console.log. Exit status: 0 if the guest's checks all passed
-# and results were rendered, 1 otherwise.
+# The guest's output is kept in OUT/guest.log and the host's facts (peer
+# status, calibration, wall times) in OUT/host-meta.txt, so the report can be
+# rendered again without a run:
+#     python3 bench/report.py --out OUT OUT/host-meta.txt OUT/guest.log
+# The kernel console goes to target/bench/console.log. Exit status: 0 if the
+# guest's checks all passed and results were rendered, 1 otherwise.
 #
 # Environment: BENCH_CACHE (see above), BENCH_PEER_BUILD_TIMEOUT (seconds per
 # peer build, default 1800), and vmrun.sh's own (VMRUN_*).

@@ -8,38 +8,14 @@
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{spawn_shell_loop, spawn_train, Reaped, TempDir};
 use scx_zernel::config::Config;
 use serde_json::Value;
-
-/// Kills and reaps a child on drop, so a failing assertion leaves nothing behind.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let d = std::env::temp_dir().join(format!("zernel-observe-cmd-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        TempDir(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A config using the file GPU provider on `gpu_file`. Mode 0644: as root,
 /// scx_zernel refuses a config others can write.
@@ -85,27 +61,8 @@ fn observe_shows_the_workload_phases_and_decisions() {
     let policy = Config::default().policy;
     let (gpu_class, load_class) = (policy.gpu_compute.class.name(), policy.data_loading.class.name());
 
-    let train = Reaped(
-        Command::new(env!("CARGO_BIN_EXE_zernel-workload"))
-            .args(["train", "--secs", "90", "--workers", "2", "--gpu-file"])
-            .arg(&gpu_file)
-            .arg("--data-dir")
-            .arg(dir.0.join("data"))
-            .env_remove("RANK")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("starting zernel-workload"),
-    );
-    let hog = Reaped(
-        Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .env_remove("RANK")
-            .env_remove("LOCAL_RANK")
-            .env_remove("WORLD_SIZE")
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .spawn()
-            .expect("starting sh"),
-    );
+    let train = spawn_train(&gpu_file, &dir.0, 90);
+    let hog = spawn_shell_loop();
     let (train_pid, hog_pid) = (train.0.id() as i64, hog.0.id() as i64);
 
     let stderr = dir.0.join("stderr");

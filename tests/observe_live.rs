@@ -5,31 +5,14 @@
 //! nor sched_ext.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{spawn_shell_loop, spawn_train, TempDir};
 use scx_zernel::gpu::{FileProvider, GpuProvider};
 use scx_zernel::observe::{MlEvidence, ObserveConfig, Observer, ThreadRole};
 use scx_zernel::phase::{Phase, PhaseConfig, PhaseDetector};
-
-/// Kills and reaps a child on drop, so a failing assertion leaves nothing behind.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// What we saw of one thread.
 #[derive(Default, Debug)]
@@ -42,31 +25,10 @@ struct Seen {
 
 #[test]
 fn four_phases_on_the_right_threads_and_a_hog_stays_unknown() {
-    let dir =
-        TempDir(std::env::temp_dir().join(format!("zernel-observe-live-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("observe-live");
     let gpu_file = dir.0.join("gpu.json");
-    let train = Reaped(
-        Command::new(env!("CARGO_BIN_EXE_zernel-workload"))
-            .args(["train", "--secs", "40", "--workers", "2", "--gpu-file"])
-            .arg(&gpu_file)
-            .arg("--data-dir")
-            .arg(dir.0.join("data"))
-            .env_remove("RANK")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("starting zernel-workload"),
-    );
-    let hog = Reaped(
-        Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .env_remove("RANK")
-            .env_remove("LOCAL_RANK")
-            .env_remove("WORLD_SIZE")
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .spawn()
-            .expect("starting sh"),
-    );
+    let train = spawn_train(&gpu_file, &dir.0, 40);
+    let hog = spawn_shell_loop();
     let (train_pid, hog_pid) = (train.0.id() as i32, hog.0.id() as i32);
 
     let mut observer = Observer::new(&ObserveConfig::default());
