@@ -222,12 +222,15 @@ impl Config {
         self.phase.validate()?;
         self.gpu.validate()?;
         self.policy.validate()?;
-        for (i, r) in self.rules.iter().enumerate() {
-            r.validate().map_err(|e| format!("rules[{i}]: {e}"))?;
-        }
         self.tenancy.validate()?;
         crate::tenants::Tenants::compile(&self.tenants)?;
+        crate::rules::Rules::compile(&self.rules, &self.tenant_names())?;
         Ok(())
+    }
+
+    /// The `[[tenants]]` names, in order (rules refer to tenants by name).
+    pub fn tenant_names(&self) -> Vec<&str> {
+        self.tenants.iter().map(|t| t.name.as_str()).collect()
     }
 
     /// The configuration as TOML (for `--dump-config`).

@@ -134,7 +134,7 @@ pub struct Pipeline {
 
 impl Pipeline {
     pub fn new(cfg: Config, topo: Topology) -> Result<Pipeline> {
-        let rules = Rules::compile(&cfg.rules).map_err(anyhow::Error::msg)?;
+        let rules = Rules::compile(&cfg.rules, &cfg.tenant_names()).map_err(anyhow::Error::msg)?;
         let tenants = Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?;
         Ok(Pipeline {
             tenants,
@@ -153,7 +153,7 @@ impl Pipeline {
     /// Takes a new configuration (rules, policy, phase thresholds, GPU
     /// source); the scheduler section needs a restart and is kept.
     pub fn reconfigure(&mut self, mut cfg: Config) -> Result<()> {
-        let rules = Rules::compile(&cfg.rules).map_err(anyhow::Error::msg)?;
+        let rules = Rules::compile(&cfg.rules, &cfg.tenant_names()).map_err(anyhow::Error::msg)?;
         let tenants = Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?;
         if tenants.len() != self.tenants.len() {
             bail!("the number of [[tenants]] changed ({} -> {}): restart scx_zernel to apply", self.tenants.len(), tenants.len());
@@ -217,14 +217,18 @@ impl Pipeline {
         self.decided.clear();
         for t in &snap.threads {
             let tid = t.tid as u32;
-            let verdict = self.matched.get(&tid).and_then(|m| m.as_ref()).map(|m| m.verdict);
+            let matched = self.matched.get(&tid).and_then(|m| m.as_ref());
             let phase = self.detector.phase(t.tid);
             let p = snap.process_of(t);
             let facts = Facts {
-                rule: verdict,
+                rule: matched.map(|m| m.verdict),
                 phase,
                 node: if t.ml { self.topo.preferred_node_for_gpus(&p.gpu.devices) } else { None },
-                tenant: if self.tenants.is_empty() { None } else { self.tenants.of_cgroup(&p.cgroup) },
+                tenant: match matched.and_then(|m| m.tenant) {
+                    Some(t) => Some(t),
+                    None if self.tenants.is_empty() => None,
+                    None => self.tenants.of_cgroup(&p.cgroup),
+                },
             };
             if let Some(d) = self.cfg.policy.decide(&facts, self.cfg.scheduler.default_class) {
                 self.decided.push((tid, t.start_ticks, d));

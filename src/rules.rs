@@ -12,6 +12,7 @@
 //! wins. Rules are evaluated when a thread appears and again after exec or
 //! rename (the observer reports those), never on every pass; the result is
 //! cached by the daemon and reaches the kernel through the task_class map.
+//! `tenant = NAME` charges the thread to a tenant whatever its cgroup.
 //! `ml = true` makes a matching process an ML process, so that its threads'
 //! phases are detected inside the class the rule gives.
 
@@ -58,14 +59,20 @@ pub struct RuleConfig {
     /// Treat the matching processes as ML processes (phase detection).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ml: bool,
+    /// Charge the matching threads to this tenant (a `[[tenants]]` name),
+    /// whatever their cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 impl RuleConfig {
-    pub fn validate(&self) -> Result<(), String> {
-        self.compile().map(|_| ())
-    }
-
-    fn compile(&self) -> Result<Rule, String> {
+    fn compile(&self, tenants: &[&str]) -> Result<Rule, String> {
+        let tenant = match &self.tenant {
+            None => None,
+            Some(t) => Some(
+                tenants.iter().position(|n| n == t).ok_or_else(|| format!("tenant = {t:?}: no [[tenants]] entry has that name"))?,
+            ),
+        };
         let re = |key: &str, v: &Option<String>| -> Result<Option<Regex>, String> {
             v.as_deref()
                 .map(|p| Regex::new(p).map_err(|e| format!("{key} = {p:?}: {}", e.to_string().replace('\n', " "))))
@@ -80,6 +87,7 @@ impl RuleConfig {
             gid: self.gid,
             verdict: RuleVerdict { class: self.class, slice_us: self.slice_us, cpu: self.cpu },
             ml: self.ml,
+            tenant,
         };
         if rule.comm.is_none()
             && rule.cmdline.is_none()
@@ -90,8 +98,8 @@ impl RuleConfig {
         {
             return Err("a rule needs at least one of comm, cmdline, cgroup, parent_comm, uid, gid".into());
         }
-        if self.class.is_none() && self.slice_us.is_none() && self.cpu.is_none() && !self.ml {
-            return Err("a rule must set at least one of class, slice_us, cpu, ml".into());
+        if self.class.is_none() && self.slice_us.is_none() && self.cpu.is_none() && !self.ml && self.tenant.is_none() {
+            return Err("a rule must set at least one of class, slice_us, cpu, ml, tenant".into());
         }
         if let Some(s) = self.slice_us {
             if !(SLICE_US_RANGE.0..=SLICE_US_RANGE.1).contains(&s) {
@@ -128,6 +136,7 @@ struct Rule {
     gid: Option<u32>,
     verdict: RuleVerdict,
     ml: bool,
+    tenant: Option<usize>,
 }
 
 impl Rule {
@@ -149,6 +158,8 @@ pub struct Match {
     pub index: usize,
     pub verdict: RuleVerdict,
     pub ml: bool,
+    /// Tenant index the rule charges the thread to.
+    pub tenant: Option<usize>,
 }
 
 /// The compiled rule list.
@@ -158,11 +169,12 @@ pub struct Rules {
 }
 
 impl Rules {
-    pub fn compile(cfg: &[RuleConfig]) -> Result<Rules, String> {
+    /// Compiles the rules; `tenants` are the `[[tenants]]` names, in order.
+    pub fn compile(cfg: &[RuleConfig], tenants: &[&str]) -> Result<Rules, String> {
         let rules = cfg
             .iter()
             .enumerate()
-            .map(|(i, r)| r.compile().map_err(|e| format!("rules[{i}]: {e}")))
+            .map(|(i, r)| r.compile(tenants).map_err(|e| format!("rules[{i}]: {e}")))
             .collect::<Result<_, _>>()?;
         Ok(Rules { rules })
     }
@@ -177,7 +189,7 @@ impl Rules {
             .iter()
             .enumerate()
             .find(|(_, r)| r.matches(id))
-            .map(|(index, r)| Match { index, verdict: r.verdict, ml: r.ml })
+            .map(|(index, r)| Match { index, verdict: r.verdict, ml: r.ml, tenant: r.tenant })
     }
 }
 
@@ -195,7 +207,7 @@ mod tests {
             rules: Vec<RuleConfig>,
         }
         let f: F = toml::from_str(toml_text).map_err(|e| e.to_string())?;
-        Rules::compile(&f.rules)
+        Rules::compile(&f.rules, &["gpu-team"])
     }
 
     #[test]
@@ -238,5 +250,9 @@ mod tests {
         assert!(!e.contains('\n'));
         let e = rules("[[rules]]\ncomm = \"a\"\ncpu = -1\n").unwrap_err();
         assert!(e.contains("cpu = -1"), "{e}");
+        let e = rules("[[rules]]\ncomm = \"a\"\ntenant = \"nobody\"\n").unwrap_err();
+        assert!(e.starts_with("rules[0]: tenant = \"nobody\""), "{e}");
+        let m = rules("[[rules]]\nuid = 7\ntenant = \"gpu-team\"\n").unwrap().first_match(&id("x", "", "/", 7));
+        assert_eq!(m.map(|m| m.tenant), Some(Some(0)));
     }
 }

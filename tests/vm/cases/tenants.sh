@@ -5,7 +5,7 @@
 # 75/25 +- 10 points (measured by the cgroups' own cpu.stat, not by our
 # counters). One tenant goes idle: the other takes >= 95% of the CPU the
 # tenants can use within 1 s (borrowing); when it comes back it gets its
-# share back within 1 s.
+# share back within 1 s. A rule can charge any thread to a tenant.
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
@@ -21,6 +21,10 @@ weight = 3
 name = "b"
 cgroup = "/tb"
 gpus = 1
+
+[[rules]]
+comm = "^zt_charged$"
+tenant = "b"
 TOML
 zernel_start /tmp/tenants.toml || finish
 
@@ -80,6 +84,14 @@ assert_ge "b's share is back within 1 s (>= 15%)" "$pb" 15
 assert_ge "b does not get a credit for its idle time (<= 35%)" 35 "$pb"
 
 kill "$a" "$b" 2>/dev/null; wait "$a" 2>/dev/null; wait "$b" 2>/dev/null
+
+# A rule charges a process outside both cgroups to tenant b.
+zernel-workload hog --name zt_charged --secs 10 &
+ch=$!
+charged() { [ "$(ztask "$ch" tenant)" = 1 ]; }
+wait_until 10 charged
+assert_eq "rule tenant = \"b\": kernel map holds tenant 1 for $ch" "$(ztask "$ch" tenant)" 1
+kill "$ch"; wait "$ch" 2>/dev/null
 scx_zernel inspect | grep -E '^tenant|tenant_dispatch'
 assert_gt "tenant dispatches counted" "$(zglobal tenant_dispatch)" 0
 zernel_stop TERM
