@@ -32,7 +32,7 @@ use crate::policy::{Decision, Facts};
 use crate::tenants::Tenants;
 use crate::rules::{Identity, Rules};
 use crate::sched::{self, Scheduler, WriteError};
-use crate::stats::{self, Metrics};
+use crate::stats::{self, Metrics, TenantMetrics};
 use crate::topology::Topology;
 
 /// Presets for scx_loader's modes, applied on top of the config file.
@@ -385,6 +385,8 @@ fn serve(
     let mut stamp = source.stamp();
     let mut last_print = Instant::now();
     let mut last_stamp_check = Instant::now();
+    let mut last_tenant_sample = Instant::now();
+    let mut prev_tenant_ns = sched.counters()?.tenant_ns[..pipeline.tenants.len()].to_vec();
     loop {
         let started = Instant::now();
         if shutdown.load(Ordering::Relaxed) {
@@ -426,7 +428,19 @@ fn serve(
             warn!("task_class map is full ({} entries): some threads keep the default class", sched.map_capacity());
         }
         pipeline.fill_metrics(&mut metrics);
-        metrics.set_counters(&sched.counters()?);
+        let counters = sched.counters()?;
+        metrics.set_counters(&counters);
+        // Tenants' shares over the last second (borrowed / lent).
+        if !pipeline.tenants.is_empty() && last_tenant_sample.elapsed() >= Duration::from_secs(1) {
+            last_tenant_sample = Instant::now();
+            let n = pipeline.tenants.len();
+            let used: Vec<u64> =
+                counters.tenant_ns[..n].iter().zip(&prev_tenant_ns).map(|(c, p)| c.saturating_sub(*p)).collect();
+            prev_tenant_ns = counters.tenant_ns[..n].to_vec();
+            let shares = TenantMetrics::compute(&used, pipeline.tenants.weights());
+            metrics.tenants =
+                shares.into_iter().enumerate().map(|(i, t)| (pipeline.tenants.name(i).to_string(), t)).collect();
+        }
         metrics.map_entries = decisions.held.len() as u64;
         metrics.map_capacity = sched.map_capacity() as u64;
         if let Some(p) = published {

@@ -72,6 +72,10 @@ pub fn render(m: &Metrics) -> String {
         let sample = match v {
             serde_json::Value::Number(n) => n.to_string(),
             serde_json::Value::Bool(b) => u8::from(*b).to_string(),
+            serde_json::Value::Object(_) if field == "tenants" => {
+                render_tenants(&m.tenants, &mut out);
+                continue;
+            }
             _ => continue,
         };
         let gauge = GAUGES.contains(&field.as_str());
@@ -84,6 +88,28 @@ pub fn render(m: &Metrics) -> String {
         ));
     }
     out
+}
+
+/// Per-tenant gauges, one series per tenant: `zernel_tenant_<x>{tenant="a"}`.
+fn render_tenants(tenants: &std::collections::BTreeMap<String, crate::stats::TenantMetrics>, out: &mut String) {
+    if tenants.is_empty() {
+        return;
+    }
+    let meta = crate::stats::TenantMetrics::meta();
+    let rows: Vec<(String, serde_json::Value)> =
+        tenants.iter().map(|(n, t)| (n.clone(), serde_json::to_value(t).unwrap_or_default())).collect();
+    let Some(first) = rows[0].1.as_object() else { return };
+    for field in first.keys() {
+        let name = format!("{PREFIX}tenant_{field}");
+        let desc = meta.fields.get(field).and_then(|f| f.attrs.desc.as_deref()).unwrap_or(field);
+        out.push_str(&format!("# HELP {name} {}\n# TYPE {name} gauge\n", escape_help(desc)));
+        for (tenant, v) in &rows {
+            if let Some(x) = v.get(field).and_then(|x| x.as_f64()) {
+                let label = tenant.replace('\\', "\\\\").replace('"', "\\\"");
+                out.push_str(&format!("{name}{{tenant=\"{label}\"}} {x}\n"));
+            }
+        }
+    }
 }
 
 /// Binds `addr` and serves `current` at `http://addr/metrics` from a

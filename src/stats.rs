@@ -10,6 +10,7 @@
 //! Counters are cumulative since attach; the printed line shows them as they
 //! are, so two samples give rates.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,6 +23,45 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Class;
 use crate::sched::Counters;
+
+/// One tenant's CPU over the last stats interval.
+#[stat_doc]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, Stats)]
+pub struct TenantMetrics {
+    #[stat(desc = "Weight in force (GPUs or configured weight)")]
+    pub weight: f64,
+    #[stat(desc = "Share of the tenants' CPU time it used (%)")]
+    pub share_pct: f64,
+    #[stat(desc = "Share its weight entitles it to (%)")]
+    pub entitled_pct: f64,
+    #[stat(desc = "CPU used beyond its entitlement, lent by idle tenants (%)")]
+    pub borrowed_pct: f64,
+    #[stat(desc = "Entitlement it left to others (%)")]
+    pub lent_pct: f64,
+}
+
+impl TenantMetrics {
+    /// From the CPU time each tenant used over one interval and the weights.
+    pub fn compute(used_ns: &[u64], weights: &[u64]) -> Vec<TenantMetrics> {
+        let used: u64 = used_ns.iter().sum();
+        let wsum: u64 = weights.iter().sum();
+        used_ns
+            .iter()
+            .zip(weights)
+            .map(|(&u, &w)| {
+                let share = if used > 0 { u as f64 * 100.0 / used as f64 } else { 0.0 };
+                let entitled = if wsum > 0 { w as f64 * 100.0 / wsum as f64 } else { 0.0 };
+                TenantMetrics {
+                    weight: w as f64 / f64::from(crate::bpf_intf::zernel_consts_ZERNEL_WEIGHT_UNIT),
+                    share_pct: share,
+                    entitled_pct: entitled,
+                    borrowed_pct: (share - entitled).max(0.0),
+                    lent_pct: (entitled - share).max(0.0),
+                }
+            })
+            .collect()
+    }
+}
 
 #[stat_doc]
 #[derive(Clone, Debug, Default, Serialize, Deserialize, Stats)]
@@ -83,6 +123,8 @@ pub struct Metrics {
     pub reloads: u64,
     #[stat(desc = "Config reloads rejected (old config kept)")]
     pub reloads_rejected: u64,
+    #[stat(desc = "Per-tenant CPU shares over the last second")]
+    pub tenants: BTreeMap<String, TenantMetrics>,
 }
 
 impl Metrics {
@@ -146,6 +188,13 @@ impl Metrics {
             self.reloads,
             self.reloads_rejected,
         )?;
+        for (name, t) in &self.tenants {
+            writeln!(
+                w,
+                "[zernel] tenant {name}: weight {:.2} share {:.1}% entitled {:.1}% borrowed {:.1}% lent {:.1}%",
+                t.weight, t.share_pct, t.entitled_pct, t.borrowed_pct, t.lent_pct
+            )?;
+        }
         Ok(())
     }
 }
@@ -160,7 +209,7 @@ pub fn server_data() -> StatsServerData<(), Metrics> {
         let _ = (req_ch, res_ch);
         Ok(read)
     });
-    StatsServerData::new().add_meta(Metrics::meta()).add_ops("top", StatsOps { open, close: None })
+    StatsServerData::new().add_meta(TenantMetrics::meta()).add_meta(Metrics::meta()).add_ops("top", StatsOps { open, close: None })
 }
 
 /// Prints the running scheduler's stats every `intv` (client side only).
@@ -171,4 +220,20 @@ pub fn monitor(intv: Duration, shutdown: Arc<AtomicBool>) -> Result<()> {
         || shutdown.load(Ordering::Relaxed),
         |m| m.format(&mut std::io::stdout()),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TenantMetrics;
+
+    #[test]
+    fn borrowed_and_lent_follow_use_against_entitlement() {
+        // Weights 3:1; b idle: a uses everything, borrows b's 25%.
+        let t = TenantMetrics::compute(&[1000, 0], &[3072, 1024]);
+        assert_eq!((t[0].share_pct, t[0].entitled_pct, t[0].borrowed_pct), (100.0, 75.0, 25.0));
+        assert_eq!((t[1].share_pct, t[1].lent_pct, t[1].weight), (0.0, 25.0, 1.0));
+        // Nothing ran: no shares, nothing borrowed.
+        let t = TenantMetrics::compute(&[0, 0], &[1024, 1024]);
+        assert_eq!((t[0].share_pct, t[0].borrowed_pct, t[0].lent_pct), (0.0, 0.0, 50.0));
+    }
 }

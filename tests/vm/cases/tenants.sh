@@ -26,7 +26,7 @@ gpus = 1
 comm = "^zt_charged$"
 tenant = "b"
 TOML
-zernel_start /tmp/tenants.toml || finish
+zernel_start /tmp/tenants.toml --stats 1 --metrics-addr 127.0.0.1:9093 || finish
 
 # hog_in CGROUP NAME : 8 spinners (twice the CPUs) named NAME inside CGROUP.
 hog_in() {
@@ -73,6 +73,13 @@ a_rate=$(( $1 / $3 ))
 pa=$(( a_rate * 100 / both_rate ))
 echo "b stopped, from 1 s after, over $3 cs: a=$1 us, a uses $pa% of the CPU the two tenants used together"
 assert_ge "borrowing: a gets >= 95% of the tenants' CPU within 1 s" "$pa" 95
+# The stats and the metrics say so too: a borrows b's 25%, b lends it.
+line=$(grep '^\[zernel\] tenant a:' "$ZLOG" | tail -n 1)
+echo "$line"
+borrowed=$(echo "$line" | sed 's/.*borrowed \([0-9]*\).*/\1/')
+assert_ge "stats: a borrowed >= 20% while b is idle" "${borrowed:-0}" 20
+wget -q -O - http://127.0.0.1:9093/metrics | grep '^zernel_tenant_\(borrowed\|lent\)_pct' | tee /tmp/tm
+check "metrics: per-tenant borrowed/lent gauges" grep -q 'zernel_tenant_lent_pct{tenant="b"}' /tmp/tm
 
 # b comes back: its share returns within 1 s.
 kill -CONT "$b"
