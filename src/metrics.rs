@@ -209,7 +209,9 @@ mod tests {
         let text = render(&sample());
         let meta = Metrics::meta();
         assert!(!meta.fields.is_empty());
-        for (field, f) in &meta.fields {
+        // Every scalar field; the per-tenant map is checked below.
+        let scalars: Vec<_> = meta.fields.iter().filter(|(f, _)| f.as_str() != "tenants").collect();
+        for (field, f) in &scalars {
             let gauge = GAUGES.contains(&field.as_str());
             let name = if gauge { format!("zernel_{field}") } else { format!("zernel_{field}_total") };
             let desc = f.attrs.desc.as_deref().unwrap();
@@ -218,11 +220,19 @@ mod tests {
             assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}:\n{text}");
             assert_eq!(text.lines().filter(|l| l.starts_with(&format!("{name} "))).count(), 1, "{name}");
         }
-        assert_eq!(text.lines().count(), meta.fields.len() * 3);
+        assert_eq!(text.lines().count(), scalars.len() * 3);
         assert!(text.contains("\nzernel_ml_enqueued_total 42\n"), "{text}");
         assert!(text.contains("\nzernel_threads 7\n"), "{text}");
         assert!(text.contains("\nzernel_phase_transitions_total 3\n"), "{text}");
         assert!(text.contains("\nzernel_map_capacity 65536\n"), "{text}");
+        // Tenants: one labelled gauge series per tenant and field.
+        let mut m = sample();
+        let t = crate::stats::TenantMetrics::compute(&[30, 10], &[3072, 1024]);
+        m.tenants = [("a\"x".to_string(), t[0].clone()), ("b".to_string(), t[1].clone())].into();
+        let text = render(&m);
+        assert!(text.contains("# TYPE zernel_tenant_share_pct gauge\n"), "{text}");
+        assert!(text.contains("zernel_tenant_share_pct{tenant=\"a\\\"x\"} 75\n"), "{text}");
+        assert!(text.contains("zernel_tenant_weight{tenant=\"b\"} 1\n"), "{text}");
         assert!(text.contains("\nzernel_steals_total 0\n"), "{text}");
     }
 
