@@ -47,7 +47,7 @@ pub fn check_kernel() -> Result<()> {
         );
     }
     if unsafe { libc::geteuid() } != 0 {
-        bail!("scx_zernel must run as root: loading a BPF scheduler needs CAP_SYS_ADMIN and CAP_BPF");
+        bail!("must run as root: loading a BPF scheduler needs CAP_SYS_ADMIN and CAP_BPF");
     }
     Ok(())
 }

@@ -64,10 +64,36 @@ wait "$hog"; hog_rc=$?
 assert_eq "zernel-workload hog exits 0" "$hog_rc" 0
 kill "$loop" 2>/dev/null; wait "$loop" 2>/dev/null
 
+# A second instance while one runs: refused in one line, the first unharmed.
+out=$(scx_zernel --config /tmp/attach.toml 2>&1); rc=$?
+echo "$out"
+assert_eq "second instance: exit 1" "$rc" 1
+check "second instance: names the running scheduler" sh -c "echo '$out' | grep -q 'another sched_ext scheduler (zernel'"
+check "the first instance is still attached" _zernel_attached
+
 zernel_stop TERM
 assert_eq "SIGTERM: scx_zernel exits 0" "$ZRC" 0
 assert_eq "state is disabled after exit" "$(sched_state)" disabled
 unregistered() { dmesg_new | grep 'sched_ext: BPF scheduler "zernel' | grep -q 'unregistered from user space'; }
 check "kernel logged the unregistration" unregistered
 check "dmesg is clean" dmesg_clean
+# Not root: refused in one line before anything is loaded.
+grep -q '^nobody:' /etc/passwd || echo 'nobody:x:65534:65534:nobody:/:/bin/sh' >>/etc/passwd
+grep -q '^nogroup:' /etc/group || echo 'nogroup:x:65534:' >>/etc/group
+out=$(su -s /bin/sh nobody -c "scx_zernel" 2>&1); rc=$?
+echo "$out"
+assert_eq "not root: exit 1" "$rc" 1
+check "not root: says it must run as root" sh -c "echo '$out' | grep -q 'must run as root'"
+assert_eq "not root: sched_ext stayed disabled" "$(sched_state)" disabled
+
+# Not root: refused in one line before anything is loaded.
+grep -q '^nobody:' /etc/passwd || echo 'nobody:x:65534:65534:nobody:/:/bin/sh' >>/etc/passwd
+grep -q '^nogroup:' /etc/group || echo 'nogroup:x:65534:' >>/etc/group
+out=$(su -s /bin/sh nobody -c "scx_zernel" 2>&1); rc=$?
+echo "$out"
+assert_eq "not root: exit 1" "$rc" 1
+check "not root: says it must run as root" sh -c "echo '$out' | grep -q 'must run as root'"
+assert_eq "not root: sched_ext stayed disabled" "$(sched_state)" disabled
+
+
 finish
