@@ -17,7 +17,7 @@
 //! commented configs/zernel.toml.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -236,21 +236,6 @@ impl Config {
     /// The configuration as TOML (for `--dump-config`).
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot serialize: {e}\n"))
-    }
-}
-
-/// Where the configuration came from, for reload.
-#[derive(Debug, Clone)]
-pub struct ConfigSource {
-    pub path: Option<PathBuf>,
-}
-
-impl ConfigSource {
-    pub fn load(&self) -> Result<Config, ConfigError> {
-        match &self.path {
-            Some(p) => Config::load(p),
-            None => Ok(Config::default()),
-        }
     }
 }
 

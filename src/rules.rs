@@ -179,10 +179,6 @@ impl Rules {
         Ok(Rules { rules })
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
-    }
-
     /// The first rule that matches, if any.
     pub fn first_match(&self, id: &Identity) -> Option<Match> {
         self.rules

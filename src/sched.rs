@@ -96,7 +96,7 @@ pub struct Counters {
 pub const CLASS_STAT_NAMES: [&str; 5] = ["enqueued", "dispatched", "direct", "preempted", "starved"];
 /// Names of the global counters, in `enum zernel_global_stat` order.
 pub const GLOBAL_STAT_NAMES: [&str; 11] = [
-    "map_hit", "map_miss", "map_stale", "pref_cpu", "pref_node", "pref_llc", "idle_any", "steal", "kick",
+    "map_hit", "map_miss", "map_stale", "pref_cpu", "pref_node", "idle_near", "idle_far", "steal", "kick",
     "exit_del", "tenant_dispatch",
 ];
 
@@ -265,14 +265,6 @@ impl<'a> Scheduler<'a> {
 
     pub fn counters(&self) -> Result<Counters> {
         read_counters(&self.skel.maps.stats)
-    }
-
-    pub fn entry(&self, tid: u32) -> Result<Option<Entry>> {
-        read_entry(&self.skel.maps.task_class, tid)
-    }
-
-    pub fn map_entries(&self) -> usize {
-        self.skel.maps.task_class.keys().count()
     }
 
     pub fn map_capacity(&self) -> u32 {

@@ -95,7 +95,7 @@ pub struct Metrics {
     pub map_misses: u64,
     #[stat(desc = "Decisions dropped because their TID was recycled")]
     pub map_stale: u64,
-    #[stat(desc = "Entries in the task_class map")]
+    #[stat(desc = "Decisions the daemon holds in the task_class map")]
     pub map_entries: u64,
     #[stat(desc = "Capacity of the task_class map")]
     pub map_capacity: u64,

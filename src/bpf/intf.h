@@ -81,8 +81,8 @@ enum zernel_global_stat {
 	ZGSTAT_MAP_STALE,	/* entries dropped: TID recycled */
 	ZGSTAT_PREF_CPU,	/* select_cpu used the preferred CPU */
 	ZGSTAT_PREF_NODE,	/* select_cpu found an idle CPU on the preferred node */
-	ZGSTAT_PREF_LLC,	/* ... in the same LLC */
-	ZGSTAT_IDLE_ANY,	/* ... anywhere */
+	ZGSTAT_IDLE_NEAR,	/* ... on prev_cpu's node (prev, its LLC, node) */
+	ZGSTAT_IDLE_FAR,	/* ... on another node */
 	ZGSTAT_STEAL,		/* dispatches from another node's queue */
 	ZGSTAT_KICK,		/* idle CPUs kicked on enqueue */
 	ZGSTAT_EXIT_DEL,	/* entries deleted by exit_task */

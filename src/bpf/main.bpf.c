@@ -293,8 +293,8 @@ s32 BPF_STRUCT_OPS(zernel_select_cpu, struct task_struct *p, s32 prev_cpu,
 	cpu = scx_bpf_select_cpu_dfl(p, prev_cpu, wake_flags, &is_idle);
 	if (!is_idle)
 		return cpu;
-	stat_glob(node_of(cpu) == node_of(prev_cpu) ? ZGSTAT_PREF_LLC :
-						      ZGSTAT_IDLE_ANY);
+	stat_glob(node_of(cpu) == node_of(prev_cpu) ? ZGSTAT_IDLE_NEAR :
+						      ZGSTAT_IDLE_FAR);
 direct:
 	scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL, slice_of(tc, class), 0);
 	stat_cls(class, ZSTAT_ENQUEUED);
