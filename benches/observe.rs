@@ -1,24 +1,31 @@
-//! Observer benchmark: pass time and daemon-equivalent CPU with large
-//! thread counts.
+//! Observer benchmark: pass time and daemon CPU with large thread counts.
 //!
 //! For N in 1000 and 2000 it starts `zernel-workload threads --count N`
 //! (threads waking every second for a few µs), as an ML process (rank
 //! environment) and as a plain one, and times 50 observer passes at the
 //! daemon's 100 ms period: median, p10, p90 of the whole pass, and the
 //! median minus that of the same host without the workload, per 1000
-//! threads. Then it runs the daemon's loop (refresh GPU, poll, phase
-//! update) for 10 s at 100 ms with 2000 threads and reports the process's
+//! threads. Then it runs the daemon's loop (GPU refresh, observer pass,
+//! rules, phase detection, policy, decision diff: all but the BPF map
+//! writes) for 10 s at 100 ms with 2000 threads and reports the process's
 //! CPU time (getrusage) as a percentage of one core.
 //!
-//! `cargo bench --bench observe` (add `-- --quick` for 20 passes and 3 s).
+//! `cargo bench --bench observe` (add `-- --quick` for 20 passes and 3 s,
+//! `-- --cpu-only` for the CPU figures alone).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use scx_zernel::gpu::{GpuProvider, NoGpu};
+use std::path::Path;
+
+use scx_zernel::config::Config;
+use scx_zernel::daemon::{DecisionSink, Decisions, Pipeline};
+use scx_zernel::gpu::NoGpu;
 use scx_zernel::observe::{ObserveConfig, Observer};
-use scx_zernel::phase::{PhaseConfig, PhaseDetector};
+use scx_zernel::policy::Decision;
+use scx_zernel::sched::WriteError;
+use scx_zernel::topology::Topology;
 
 const PERIOD: Duration = Duration::from_millis(100);
 
@@ -110,21 +117,39 @@ fn cpu_time() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-/// The daemon's loop for `secs`; returns CPU % of one core.
+/// Decisions go nowhere: what is measured is everything the daemon does
+/// per pass but the BPF map syscalls (one per changed decision).
+struct NoMap;
+
+impl DecisionSink for NoMap {
+    fn write(&self, _: u32, _: u64, _: &Decision) -> Result<(), WriteError> {
+        Ok(())
+    }
+    fn remove(&self, _: u32) {}
+}
+
+/// The daemon's loop for `secs` (GPU refresh, observer pass, rules, phase
+/// detection, policy, decision diff); returns CPU % of one core.
 fn daemon_cpu(cfg: &ObserveConfig, secs: u64) -> f64 {
-    let mut gpu = NoGpu;
-    let mut o = Observer::new(cfg);
-    let mut d = PhaseDetector::new(PhaseConfig::default());
+    let config = Config {
+        observe: cfg.clone(),
+        ..Config::default()
+    };
+    let topo = Topology::read(Path::new("/sys")).unwrap_or_default();
+    let mut pipeline = Pipeline::new(config, topo).expect("pipeline");
+    let mut decisions = Decisions::default();
+    let mut pass = |pipeline: &mut Pipeline| {
+        pipeline.pass();
+        decisions.apply(&NoMap, pipeline.decisions());
+    };
     for _ in 0..15 {
-        gpu.refresh();
-        d.update(o.poll(&gpu));
+        pass(&mut pipeline);
         std::thread::sleep(PERIOD);
     }
     let (wall0, cpu0) = (Instant::now(), cpu_time());
     let mut next = Instant::now();
     while wall0.elapsed() < Duration::from_secs(secs) {
-        gpu.refresh();
-        d.update(o.poll(&gpu));
+        pass(&mut pipeline);
         next += PERIOD;
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
     }
@@ -133,6 +158,7 @@ fn daemon_cpu(cfg: &ObserveConfig, secs: u64) -> f64 {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    let cpu_only = std::env::args().any(|a| a == "--cpu-only");
     let (passes, cpu_secs) = if quick { (20, 3) } else { (50, 10) };
     let cfg = ObserveConfig::default();
     let no_tier = ObserveConfig {
@@ -140,7 +166,14 @@ fn main() {
         ..ObserveConfig::default()
     };
 
-    let base = time_passes(&cfg, passes);
+    if !cpu_only {
+        pass_times(&cfg, &no_tier, passes);
+    }
+    cpu_figures(&cfg, &no_tier, cpu_secs);
+}
+
+fn pass_times(cfg: &ObserveConfig, no_tier: &ObserveConfig, passes: usize) {
+    let base = time_passes(cfg, passes);
     println!(
         "observer pass time, {passes} passes at 100 ms (host without workload: {} processes, {} threads)",
         base.processes, base.threads
@@ -163,9 +196,9 @@ fn main() {
     row("host baseline", 0, &base);
     for n in [1000, 2000] {
         for (name, ml, c) in [
-            ("(a) ML process", true, &cfg),
-            ("(a') ML process, no quiet tier", true, &no_tier),
-            ("(b) non-ML process", false, &cfg),
+            ("(a) ML process", true, cfg),
+            ("(a') ML process, no quiet tier", true, no_tier),
+            ("(b) non-ML process", false, cfg),
         ] {
             let _w = spawn(n, ml);
             std::thread::sleep(Duration::from_millis(300));
@@ -180,12 +213,14 @@ fn main() {
             row(name, n, &t);
         }
     }
+}
 
-    println!("\ndaemon-equivalent CPU (GPU refresh + poll + phase update), {cpu_secs} s at 100 ms");
+fn cpu_figures(cfg: &ObserveConfig, no_tier: &ObserveConfig, cpu_secs: u64) {
+    println!("\ndaemon CPU without the BPF map writes (GPU refresh, pass, rules, phases, policy, decision diff), {cpu_secs} s at 100 ms");
     for (name, ml, c) in [
-        ("(a) ML process, 2000 threads", true, &cfg),
-        ("(a') ML, no quiet tier, 2000 threads", true, &no_tier),
-        ("(b) non-ML process, 2000 threads", false, &cfg),
+        ("(a) ML process, 2000 threads", true, cfg),
+        ("(a') ML, no quiet tier, 2000 threads", true, no_tier),
+        ("(b) non-ML process, 2000 threads", false, cfg),
     ] {
         let _w = spawn(2000, ml);
         std::thread::sleep(Duration::from_millis(300));
@@ -193,6 +228,6 @@ fn main() {
     }
     println!(
         "host baseline (no workload)               {:>6.2} % of one core",
-        daemon_cpu(&cfg, cpu_secs)
+        daemon_cpu(cfg, cpu_secs)
     );
 }

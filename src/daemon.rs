@@ -11,7 +11,8 @@
 //!   SIGINT/SIGTERM ─> detach ─> exit 0;  BPF-side exit ─> UEI report ─> exit 1
 //! ```
 
-use std::collections::{HashMap, HashSet};
+use std::collections::hash_map::Entry;
+use std::collections::HashSet;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
+use rustc_hash::FxHashMap;
 use crossbeam::channel::RecvTimeoutError;
 use log::{debug, info, warn};
 use scx_stats::prelude::StatsServer;
@@ -109,10 +111,28 @@ fn check_owner(path: &Path) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Where decisions go: the task_class map (a [`Scheduler`]), or nowhere
+/// (benchmarks, observe mode).
+pub trait DecisionSink {
+    fn write(&self, tid: u32, start_ticks: u64, d: &Decision) -> Result<(), WriteError>;
+    fn remove(&self, tid: u32);
+}
+
+impl DecisionSink for Scheduler<'_> {
+    fn write(&self, tid: u32, start_ticks: u64, d: &Decision) -> Result<(), WriteError> {
+        Scheduler::write(self, tid, start_ticks, d)
+    }
+    fn remove(&self, tid: u32) {
+        Scheduler::remove(self, tid)
+    }
+}
+
 /// The decisions currently in the map, to write only what changes.
 #[derive(Default)]
-struct Decisions {
-    held: HashMap<u32, (u64, Decision)>,
+pub struct Decisions {
+    /// tid -> (start time, decision, pass that last decided it)
+    held: FxHashMap<u32, (u64, Decision, u64)>,
+    pass: u64,
 }
 
 /// Everything from /proc to decisions: no BPF in here, so it can also run
@@ -128,7 +148,7 @@ pub struct Pipeline {
     gpu: Box<dyn GpuProvider>,
     detector: PhaseDetector,
     /// Rule verdict per thread, evaluated when it appears or is renamed.
-    matched: HashMap<u32, Option<crate::rules::Match>>,
+    matched: FxHashMap<u32, Option<crate::rules::Match>>,
     decided: Vec<(u32, u64, Decision)>,
 }
 
@@ -145,7 +165,7 @@ impl Pipeline {
             rules,
             topo,
             cfg,
-            matched: HashMap::new(),
+            matched: FxHashMap::default(),
             decided: Vec::new(),
         })
     }
@@ -194,32 +214,40 @@ impl Pipeline {
         for g in &snap.gone {
             self.matched.remove(&(g.tid as u32));
         }
-        // Rules: only for threads that are new, renamed, or whose process
-        // exec'd or moved (and for all after a reload, which clears the cache).
-        let mut forced = Vec::new();
-        for t in &snap.threads {
-            let p = snap.process_of(t);
-            let tid = t.tid as u32;
-            if !t.changes.is_empty() || !p.changes.is_empty() || !self.matched.contains_key(&tid) {
-                let m = self.rules.first_match(&identity(p, &t.comm));
-                if t.tid == p.pid {
-                    forced.push((p.pid, m.is_some_and(|m| m.ml).then_some(true)));
-                }
-                self.matched.insert(tid, m);
-            }
-        }
+        // Phases first: the decisions below read them.
         for c in self.detector.update(snap) {
             if log::log_enabled!(log::Level::Debug) {
                 let comm = snap.threads.iter().find(|t| t.tid == c.tid).map_or("?", |t| &t.comm);
                 debug!("phase tid={} pid={} comm={comm:?} {} -> {}", c.tid, c.tgid, c.from, c.to);
             }
         }
+        // Rules: evaluated only for threads that are new, renamed, or whose
+        // process exec'd or moved (and for all after a reload, which clears
+        // the cache). Then the policy decides for every thread.
+        let mut forced = Vec::new();
         self.decided.clear();
         for t in &snap.threads {
-            let tid = t.tid as u32;
-            let matched = self.matched.get(&tid).and_then(|m| m.as_ref());
-            let phase = self.detector.phase(t.tid);
             let p = snap.process_of(t);
+            let tid = t.tid as u32;
+            let changed = !t.changes.is_empty() || !p.changes.is_empty();
+            let matched = match self.matched.entry(tid) {
+                Entry::Occupied(e) if !changed => e.into_mut(),
+                e => {
+                    let m = self.rules.first_match(&identity(p, &t.comm));
+                    if t.tid == p.pid {
+                        forced.push((p.pid, m.is_some_and(|m| m.ml).then_some(true)));
+                    }
+                    match e {
+                        Entry::Occupied(mut o) => {
+                            o.insert(m);
+                            o.into_mut()
+                        }
+                        Entry::Vacant(v) => v.insert(m),
+                    }
+                }
+            }
+            .as_ref();
+            let phase = if t.ml { self.detector.phase(t.tid) } else { Phase::Unknown };
             let facts = Facts {
                 rule: matched.map(|m| m.verdict),
                 phase,
@@ -293,17 +321,20 @@ fn identity<'a>(p: &'a ProcessView, comm: &'a str) -> Identity<'a> {
 
 impl Decisions {
     /// Writes what changed; forgets what is gone. Returns (written, full).
-    fn apply(&mut self, sched: &Scheduler, decided: &[(u32, u64, Decision)]) -> (u64, u64) {
+    pub fn apply(&mut self, sink: &impl DecisionSink, decided: &[(u32, u64, Decision)]) -> (u64, u64) {
         let (mut written, mut full) = (0, 0);
-        let mut live: HashSet<u32> = HashSet::with_capacity(decided.len());
+        self.pass += 1;
+        let pass = self.pass;
         for (tid, start, d) in decided {
-            live.insert(*tid);
-            if self.held.get(tid) == Some(&(*start, *d)) {
-                continue;
+            if let Some(h) = self.held.get_mut(tid) {
+                if (h.0, h.1) == (*start, *d) {
+                    h.2 = pass;
+                    continue;
+                }
             }
-            match sched.write(*tid, *start, d) {
+            match sink.write(*tid, *start, d) {
                 Ok(()) => {
-                    self.held.insert(*tid, (*start, *d));
+                    self.held.insert(*tid, (*start, *d, pass));
                     written += 1;
                 }
                 Err(WriteError::Full) => full += 1,
@@ -314,14 +345,23 @@ impl Decisions {
         // vanished. exit_task deletes the entry of an exiting thread, but a
         // thread that exited between the observer's pass and our write got
         // its entry after exit_task ran: delete in both cases.
-        self.held.retain(|tid, _| {
-            let keep = live.contains(tid);
+        self.held.retain(|tid, h| {
+            let keep = h.2 == pass;
             if !keep {
-                sched.remove(*tid);
+                sink.remove(*tid);
             }
             keep
         });
         (written, full)
+    }
+
+    /// Entries held in the map.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
     }
 }
 
@@ -441,7 +481,7 @@ fn serve(
             metrics.tenants =
                 shares.into_iter().enumerate().map(|(i, t)| (pipeline.tenants.name(i).to_string(), t)).collect();
         }
-        metrics.map_entries = decisions.held.len() as u64;
+        metrics.map_entries = decisions.len() as u64;
         metrics.map_capacity = sched.map_capacity() as u64;
         if let Some(p) = published {
             *p.lock().unwrap_or_else(|e| e.into_inner()) = metrics.clone();

@@ -27,7 +27,7 @@ mod classify;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -233,11 +233,15 @@ struct Track {
     seen: u64,
 }
 
+/// Every this many passes the detector looks at every thread, not only
+/// those with news, and drops tracks of threads that are gone.
+const SWEEP_EVERY: u64 = 10;
+
 /// Tracks the phase of every ML thread.
 #[derive(Debug)]
 pub struct PhaseDetector {
     cfg: PhaseConfig,
-    tracks: HashMap<i32, Track>,
+    tracks: FxHashMap<i32, Track>,
     stats: PhaseStats,
     generation: u64,
 }
@@ -246,7 +250,7 @@ impl PhaseDetector {
     pub fn new(cfg: PhaseConfig) -> PhaseDetector {
         PhaseDetector {
             cfg,
-            tracks: HashMap::new(),
+            tracks: FxHashMap::default(),
             stats: PhaseStats::default(),
             generation: 0,
         }
@@ -292,9 +296,14 @@ impl PhaseDetector {
     }
 
     /// Feeds one snapshot; returns the phase changes it caused.
+    ///
+    /// Only threads with something new (a sample, a change) are looked at;
+    /// every [`SWEEP_EVERY`] passes all are, and tracks of threads no
+    /// longer in the snapshot or no longer ML are dropped.
     pub fn update(&mut self, snap: &Snapshot) -> Vec<PhaseChange> {
         self.generation += 1;
         let generation = self.generation;
+        let sweep = generation % SWEEP_EVERY == 1;
         let mut out = Vec::new();
         for g in &snap.gone {
             if self
@@ -305,11 +314,23 @@ impl PhaseDetector {
                 self.tracks.remove(&g.tid);
             }
         }
+        // Time is charged to the phase each thread held during the interval.
+        for (p, n) in self.stats.threads.iter().enumerate() {
+            self.stats.time_ns[p] += n * snap.interval_ns;
+        }
         let need = self.cfg.phase_stability_count.max(1);
         for t in &snap.threads {
+            if !sweep && t.delta.is_none() && t.changes.is_empty() {
+                continue;
+            }
             if !t.ml {
-                // Not tracked; one that stopped being ML (forced off, exec)
-                // is dropped by the sweep below.
+                // One that stopped being ML (forced off, exec) is Unknown at
+                // once.
+                if let Some(mut tr) = self.tracks.remove(&t.tid) {
+                    if tr.phase != Phase::Unknown {
+                        Self::adopt(&mut self.stats, t.tid, &mut tr, Phase::Unknown, &mut out);
+                    }
+                }
                 continue;
             }
             let fresh = Track {
@@ -320,12 +341,14 @@ impl PhaseDetector {
                 streak: 0,
                 seen: generation,
             };
-            let tr = self.tracks.entry(t.tid).or_insert(fresh);
+            let tr = self.tracks.entry(t.tid).or_insert_with(|| {
+                self.stats.time_ns[Phase::Unknown.index()] += snap.interval_ns;
+                fresh
+            });
             if tr.start_ticks != t.start_ticks {
                 *tr = fresh;
             }
             tr.seen = generation;
-            self.stats.time_ns[tr.phase.index()] += snap.interval_ns;
             let Some(cand) = classify(t, snap.process_of(t), &self.cfg) else {
                 continue;
             };
@@ -345,16 +368,18 @@ impl PhaseDetector {
         }
         // Threads no longer ML go back to Unknown at once; threads that
         // vanished without being reported gone are dropped too.
-        let stats = &mut self.stats;
-        self.tracks.retain(|&tid, t| {
-            if t.seen == generation {
-                return true;
-            }
-            if t.phase != Phase::Unknown {
-                Self::adopt(stats, tid, t, Phase::Unknown, &mut out);
-            }
-            false
-        });
+        if sweep {
+            let stats = &mut self.stats;
+            self.tracks.retain(|&tid, t| {
+                if t.seen == generation {
+                    return true;
+                }
+                if t.phase != Phase::Unknown {
+                    Self::adopt(stats, tid, t, Phase::Unknown, &mut out);
+                }
+                false
+            });
+        }
         self.stats.threads = [0; Phase::COUNT];
         for t in self.tracks.values() {
             self.stats.threads[t.phase.index()] += 1;

@@ -32,10 +32,14 @@ pub struct ObserveConfig {
     /// threads get the detailed reads (stat, status, io, syscall).
     pub active_busy_frac: f64,
     /// A pool thread of an ML process (role "other": OpenMP, runtime
-    /// helpers...) that has been inactive for a second is sampled only every
-    /// this many ms (0: every pass). Saves most of the cost of large idle
-    /// pools; such a thread waking up is noticed within this delay. Threads
-    /// with a known role (trainer, loaders, NCCL...) are sampled every pass.
+    /// helpers...) that has been inactive for a second is held back (0:
+    /// every thread is sampled every pass). Every this many ms the
+    /// process's total CPU time is checked: when the sampled threads do not
+    /// account for 30 ms of it or more, the held threads are all sampled in
+    /// that pass, so one waking up is noticed within this delay; each is
+    /// also sampled at least every ten intervals. Saves most of the cost of
+    /// large idle pools. Threads with a known role (trainer, loaders,
+    /// NCCL...) are sampled every pass.
     pub quiet_sample_interval_ms: u64,
     /// How many generations of descendants of an ML process are ML too
     /// (DataLoader workers are children). 0: no inheritance.

@@ -139,9 +139,12 @@ fn stat_line(
     vsize: u64,
     cpu: u32,
     blkio: u64,
+    cpu_ns: u64,
 ) -> String {
+    // utime: CPU time in clock ticks (10 ms), truncated like the kernel's.
+    let utime = cpu_ns / 10_000_000;
     format!(
-        "{id} ({comm}) {state} {ppid} {id} {id} 0 -1 {flags} 0 0 0 0 0 0 0 0 20 0 {nthreads} 0 {start} {vsize} 100 \
+        "{id} ({comm}) {state} {ppid} {id} {id} 0 -1 {flags} 0 0 0 0 {utime} 0 0 0 20 0 {nthreads} 0 {start} {vsize} 100 \
 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 {cpu} 0 0 {blkio} 0 0 0 0 0 0 0 0 0 0\n"
     )
 }
@@ -192,6 +195,8 @@ pub fn write_proc(root: &Path, p: &FakeProc) {
             p.vsize,
             main.cpu,
             0,
+            // The process's line sums its threads.
+            p.threads.iter().map(|t| t.cpu_ns).sum(),
         ),
     );
     write(
@@ -256,6 +261,7 @@ pub fn write_thread(root: &Path, p: &FakeProc, t: &FakeThread) {
             p.vsize,
             t.cpu,
             t.blkio_ticks,
+            t.cpu_ns,
         ),
     );
     write(dir.join("comm"), format!("{}\n", t.comm));

@@ -45,8 +45,22 @@
 //!   appears, doubling up to `thread_name_interval_ms`) to catch renames.
 //! * Threads of ML processes cost one schedstat pread per pass (~1.5 µs);
 //!   only threads that were runnable ≥ `active_busy_frac` of the interval
-//!   also get stat, status, io and syscall (~20 µs); pool threads (role
-//!   Other) quiet for a second are sampled every `quiet_sample_interval_ms`.
+//!   also get stat, status, io and syscall (~20 µs).
+//! * Pool threads (role Other) quiet for a second are held back: every
+//!   `quiet_sample_interval_ms` the process's own stat (its CPU time, all
+//!   threads summed by the kernel) is compared with what the samples since
+//!   the previous check account for. Unaccounted time (net of a 5 % drain,
+//!   the trickle of idle pools) of three clock ticks or more means a held
+//!   thread woke up: all of them are sampled in that pass. Otherwise they
+//!   wait, at most ten intervals each:
+//!
+//! ```text
+//!   process CPU since last check ── Σ samples since ──> unaccounted ≥ 30 ms?
+//!   (one pread, O(threads) in the kernel)                │yes         │no
+//!                                                 sample every     wait (each is
+//!                                                 held thread      still sampled
+//!                                                                  every 10 checks)
+//! ```
 //! * Files read repeatedly stay open and are re-read with pread at offset 0
 //!   (procfile.rs); buffers are reused.
 //!
@@ -356,17 +370,27 @@ impl Observer {
         snap.gpus.clear();
         snap.gpus.extend_from_slice(gpu.devices());
         snap.processes.clear();
-        snap.threads.clear();
+        // Threads are updated in place: the same threads, pass after pass,
+        // keep their names and GPU lists (no reference counting).
+        let mut k = 0;
         for (i, p) in self.procs.values().enumerate() {
             snap.processes.push(p.view.clone());
             for t in &p.threads {
-                let mut v = t.view.clone();
+                match snap.threads.get_mut(k) {
+                    Some(v) if v.tid == t.view.tid => v.update_from(&t.view),
+                    Some(v) => *v = t.view.clone(),
+                    None => snap.threads.push(t.view.clone()),
+                }
+                let v = &mut snap.threads[k];
                 v.proc_index = i;
                 v.ml = p.view.ml;
-                v.gpus = p.view.gpu.devices.clone();
-                snap.threads.push(v);
+                if !Arc::ptr_eq(&v.gpus, &p.view.gpu.devices) {
+                    v.gpus = p.view.gpu.devices.clone();
+                }
+                k += 1;
             }
         }
+        snap.threads.truncate(k);
         snap.pass_ns = start.elapsed().as_nanos() as u64;
         &self.snap
     }

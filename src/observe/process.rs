@@ -23,7 +23,9 @@ use procfs::{FromRead, ProcessCGroups};
 use super::evidence::{EvidenceMatcher, Found};
 use super::procfile::{DirFile, ProcFile, ReadError};
 use super::thread::{PassCtx, ThreadEntry};
-use super::types::{Changes, GoneThread, MlEnv, MlEvidence, ProcessGpu, ProcessView};
+use super::types::{
+    ticks_to_ns, Changes, GoneThread, MlEnv, MlEvidence, ProcessGpu, ProcessView, NS_PER_TICK,
+};
 
 /// PF_KTHREAD in the stat flags.
 const PF_KTHREAD: u32 = 0x0020_0000;
@@ -44,6 +46,9 @@ struct ProcStat {
     num_threads: u32,
     vsize: u64,
     kernel_thread: bool,
+    /// utime + stime in clock ticks: the whole process's when read from
+    /// /proc/<pid>/stat, the main thread's from its task/ entry.
+    cpu_ticks: u64,
 }
 
 fn parse_proc_stat(bytes: &[u8]) -> Result<ProcStat, ReadError> {
@@ -55,6 +60,7 @@ fn parse_proc_stat(bytes: &[u8]) -> Result<ProcStat, ReadError> {
         num_threads: u32::try_from(st.num_threads).unwrap_or(0),
         vsize: st.vsize,
         kernel_thread: st.flags & PF_KTHREAD != 0,
+        cpu_ticks: st.utime.saturating_add(st.stime),
     })
 }
 
@@ -71,6 +77,20 @@ pub struct ProcEntry {
     /// Set by the rules engine: Some(true) ML, Some(false) never ML.
     pub forced: Option<bool>,
     stat: ProcFile,
+    /// /proc/<pid>/stat, read instead of `stat` while the process is ML.
+    group_stat: ProcFile,
+    /// The process's CPU time (all threads, live and exited) at the last
+    /// refresh, and how much it grew since the one before.
+    group_cpu_ns: Option<(Instant, u64)>,
+    /// Set in a pass that read the process's CPU time: (wall time, CPU
+    /// time) since the previous such read, None if there was none.
+    group_delta_ns: Option<Option<(u64, u64)>>,
+    next_group_check: Instant,
+    /// CPU time of the threads sampled since the previous check.
+    explained_ns: u64,
+    /// CPU time of the process since its quiet threads were last all
+    /// sampled that no sampled thread accounts for (see update_threads).
+    quiet_debt_ns: u64,
     cmdline_file: ProcFile,
     cgroup_file: ProcFile,
     task_dir: DirFile,
@@ -88,12 +108,27 @@ fn proc_dir(root: &Path, pid: i32) -> PathBuf {
 }
 
 /// The main thread's stat, not the process's: /proc/<pid>/stat sums the CPU
-/// times of every thread (O(threads) in the kernel, ~10 % of a pass with a
-/// 2,000-thread ML process), while the main thread's has the same comm,
-/// parent, start time, flags, vsize and thread count.
+/// times of every thread (O(threads) in the kernel), while the main
+/// thread's has the same comm, parent, start time, flags, vsize and thread
+/// count. Only ML processes, whose threads are sampled, need the sum.
 fn leader_stat(root: &Path, pid: i32) -> PathBuf {
     root.join(format!("{pid}/task/{pid}/stat"))
 }
+
+fn group_stat(root: &Path, pid: i32) -> PathBuf {
+    proc_dir(root, pid).join("stat")
+}
+
+/// Unaccounted CPU time of a process above which its quiet threads are all
+/// sampled at once: three clock ticks, above the rounding of the kernel's
+/// utime and stime (under a tick each), so that rounding alone never
+/// triggers it.
+const QUIET_DEBT_NS: u64 = 3 * NS_PER_TICK;
+
+/// The unaccounted time drains at 1/20 of wall time (5 % of a CPU): the
+/// trickle of a large idle pool (each thread waking now and then for a few
+/// µs) stays below the threshold, a thread that starts computing does not.
+const QUIET_LEAK_DIV: u64 = 20;
 
 impl ProcEntry {
     /// Own evidence (environment, fds, maps), without inheritance.
@@ -144,6 +179,12 @@ impl ProcEntry {
             scan_found: Found::default(),
             forced: None,
             stat,
+            group_stat: ProcFile::default(),
+            group_cpu_ns: None,
+            group_delta_ns: None,
+            next_group_check: ctx.now,
+            explained_ns: 0,
+            quiet_debt_ns: 0,
             cmdline_file: ProcFile::default(),
             cgroup_file: ProcFile::default(),
             task_dir: DirFile::default(),
@@ -264,11 +305,37 @@ impl ProcEntry {
     pub fn refresh(&mut self, ctx: &mut PassCtx, s: &ProcSettings) -> Result<(), ReadError> {
         let root = ctx.root;
         let pid = self.view.pid;
-        self.stat
-            .read(|| leader_stat(root, pid), ctx.budget, ctx.buf)?;
+        // The process's CPU time (quiet threads' activity) is checked every
+        // quiet_interval; the main thread's stat is cheaper the rest of the time.
+        let check =
+            self.view.ml && !ctx.quiet_interval.is_zero() && ctx.now >= self.next_group_check;
+        if check {
+            self.group_stat
+                .read(|| group_stat(root, pid), ctx.budget, ctx.buf)?;
+            self.next_group_check = ctx.now + ctx.quiet_interval;
+        } else {
+            if !self.view.ml {
+                self.group_stat.close();
+                self.group_cpu_ns = None;
+            }
+            self.stat
+                .read(|| leader_stat(root, pid), ctx.budget, ctx.buf)?;
+        }
         let st = parse_proc_stat(ctx.buf.bytes())?;
         if st.start_ticks != self.view.start_ticks {
             return Err(ReadError::Gone);
+        }
+        self.group_delta_ns = None;
+        if check {
+            let cur = (ctx.now, ticks_to_ns(st.cpu_ticks));
+            self.group_delta_ns = Some(match self.group_cpu_ns {
+                Some((t0, a)) if cur.1 >= a => Some((
+                    cur.0.saturating_duration_since(t0).as_nanos() as u64,
+                    cur.1 - a,
+                )),
+                _ => None,
+            });
+            self.group_cpu_ns = Some(cur);
         }
         if st.ppid != self.view.ppid {
             self.view.ppid = st.ppid;
@@ -306,7 +373,9 @@ impl ProcEntry {
             self.read_identity(ctx);
             self.read_environ(ctx, s.matcher);
             self.scan_evidence(ctx, s.matcher);
-        } else if renamed && ctx.now.saturating_duration_since(self.last_scan) >= s.evidence_interval {
+        } else if renamed
+            && ctx.now.saturating_duration_since(self.last_scan) >= s.evidence_interval
+        {
             // A renamed program (e.g. Python naming itself after importing
             // torch) may have mapped GPU libraries meanwhile.
             self.scan_evidence(ctx, s.matcher);
@@ -352,20 +421,75 @@ impl ProcEntry {
                 _ => i += 1,
             }
         }
-        if self.view.ml {
-            let mut i = 0;
-            while i < self.threads.len() {
-                let t = &mut self.threads[i];
-                if !t.due(ctx.now) {
-                    i += 1;
-                    continue;
+        if !self.view.ml {
+            return;
+        }
+        // Threads due (every pass, or quiet ones on their own schedule),
+        // and the CPU time their samples account for.
+        let mut explained = 0u64;
+        let mut held_back = false;
+        self.sample_threads(
+            ctx,
+            gone,
+            |t, now| {
+                let due = t.due(now);
+                held_back |= !due;
+                due
+            },
+            &mut explained,
+        );
+        self.explained_ns = self.explained_ns.saturating_add(explained);
+        // In a pass that read the process's CPU time: the quiet threads held
+        // back are all sampled at once when the process used CPU time that
+        // the samples since the previous check do not account for.
+        let Some(group) = self.group_delta_ns.take() else {
+            return;
+        };
+        let explained = std::mem::take(&mut self.explained_ns);
+        if !held_back {
+            self.quiet_debt_ns = 0;
+            return;
+        }
+        let debt = match group {
+            Some((wall, cpu)) => self
+                .quiet_debt_ns
+                .saturating_add(cpu.saturating_sub(explained))
+                .saturating_sub(wall / QUIET_LEAK_DIV),
+            None => u64::MAX,
+        };
+        if debt < QUIET_DEBT_NS {
+            self.quiet_debt_ns = debt;
+            return;
+        }
+        // (These samples cover time the debt already counted.)
+        self.sample_threads(ctx, gone, |t, now| !t.sampled_at(now), &mut 0);
+        self.quiet_debt_ns = 0;
+    }
+
+    /// Samples the threads `pick` selects; adds their CPU deltas to
+    /// `explained`.
+    fn sample_threads(
+        &mut self,
+        ctx: &mut PassCtx,
+        gone: &mut Vec<GoneThread>,
+        mut pick: impl FnMut(&ThreadEntry, Instant) -> bool,
+        explained: &mut u64,
+    ) {
+        let mut i = 0;
+        while i < self.threads.len() {
+            let t = &mut self.threads[i];
+            if !pick(t, ctx.now) {
+                i += 1;
+                continue;
+            }
+            match t.sample(ctx) {
+                Ok(()) => {
+                    *explained += t.view.delta.map_or(0, |d| d.cpu_ns);
+                    i += 1
                 }
-                match t.sample(ctx) {
-                    Ok(()) => i += 1,
-                    Err(ReadError::Gone) => self.drop_thread(i, gone),
-                    // Unreadable this time: no delta, try again next pass.
-                    Err(_) => i += 1,
-                }
+                Err(ReadError::Gone) => self.drop_thread(i, gone),
+                // Unreadable this time: no delta, try again next pass.
+                Err(_) => i += 1,
             }
         }
     }

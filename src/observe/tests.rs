@@ -322,14 +322,16 @@ fn quiet_pool_threads_are_sampled_less_often() {
     p.env.push(("RANK".into(), "0".into()));
     p.threads.push(FakeThread::new(71, "omp_worker"));
     write_proc(root, &p);
+    // Checks of the process's CPU time every 200 ms; quiet threads sampled
+    // at least every 2 s.
     let cfg = ObserveConfig {
-        quiet_sample_interval_ms: 60_000,
+        quiet_sample_interval_ms: 200,
         ..config(root)
     };
     let mut o = Observer::new(&cfg);
     poll(&mut o);
-    // Quiet for more than a second: then the pool thread is sampled every
-    // minute only; the trainer keeps being sampled every pass.
+    // Quiet for more than a second: then the pool thread is held back; the
+    // trainer keeps being sampled every pass.
     let start = std::time::Instant::now();
     let mut sampled = 0;
     while start.elapsed() < Duration::from_millis(1300) {
@@ -350,6 +352,40 @@ fn quiet_pool_threads_are_sampled_less_often() {
         thread_of(&s, 70).delta.is_some(),
         "the trainer is never tiered"
     );
+
+    // A check (every 200 ms) compares the process's CPU time with what the
+    // samples account for. The trainer's own time is accounted for: the
+    // quiet thread stays held back. (A sample never reports more CPU time
+    // than wall time: the test waits as long as it claims.)
+    let check = |o: &mut Observer, p: &FakeProc| {
+        write_proc(root, p);
+        std::thread::sleep(Duration::from_millis(210));
+        poll(o).clone()
+    };
+    p.thread(70).cpu_ns += 50_000_000;
+    let s = check(&mut o, &p);
+    assert_eq!(thread_of(&s, 70).delta.map(|d| d.cpu_ns > 0), Some(true));
+    assert!(
+        thread_of(&s, 71).delta.is_none(),
+        "accounted for: not sampled"
+    );
+    // Unaccounted time (the quiet thread's) below three clock ticks, net of
+    // a 5 % drain (the trickle of idle pools), is not enough...
+    p.thread(71).cpu_ns += 20_000_000;
+    let s = check(&mut o, &p);
+    assert!(
+        thread_of(&s, 71).delta.is_none(),
+        "20 ms unaccounted in 210 ms: the quiet thread is not sampled yet"
+    );
+    // ... but as soon as it adds up to them, the check that sees it samples
+    // the quiet threads.
+    p.thread(71).cpu_ns += 40_000_000;
+    let s = check(&mut o, &p);
+    let d = thread_of(&s, 71)
+        .delta
+        .expect("sampled once the unaccounted time adds up to 30 ms");
+    assert_eq!(d.cpu_ns, 60_000_000);
+    assert!(d.detail.is_some(), "and read in detail: it was active");
 }
 
 #[test]

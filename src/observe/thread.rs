@@ -10,7 +10,7 @@
 //!    │
 //!   runnable >= active_busy_frac? ──no──> quiet: no detailed read; a pool
 //!    │yes                                 thread (role Other) quiet for 1 s is
-//!    │                                    then sampled every quiet_sample_interval_ms
+//!    │                                    then held back (see process.rs)
 //!   pread stat    ──> state, last CPU, comm (rename), blkio ticks
 //!   pread status  ──> voluntary / involuntary switches
 //!   pread io      ──> rchar / wchar
@@ -53,6 +53,11 @@ const FIRST_NAME_CHECK: Duration = Duration::from_millis(200);
 
 /// How long a thread must stay inactive before it is sampled less often.
 const QUIET_AFTER: Duration = Duration::from_secs(1);
+
+/// A quiet thread is sampled at least every this many quiet intervals; in
+/// between, only when its process's CPU time shows activity that the
+/// sampled threads do not account for (process.rs).
+const QUIET_FALLBACK_FACTOR: u32 = 10;
 
 #[derive(Debug, Clone, Copy)]
 struct SchedSample {
@@ -284,6 +289,11 @@ impl ThreadEntry {
         self.next_sample.is_none_or(|t| now >= t)
     }
 
+    /// Whether the thread was sampled in the pass that started at `now`.
+    pub fn sampled_at(&self, now: Instant) -> bool {
+        self.sched.is_some_and(|s| s.at == now)
+    }
+
     /// Releases the per-thread files used for ML sampling (the process is no
     /// longer ML) and forgets the baselines.
     pub fn stop_sampling(&mut self) {
@@ -358,7 +368,8 @@ impl ThreadEntry {
             if !ctx.quiet_interval.is_zero() && now.saturating_duration_since(since) >= QUIET_AFTER
             {
                 let jitter_pct = 75 + (tid.unsigned_abs() % 50);
-                self.next_sample = Some(now + ctx.quiet_interval * jitter_pct / 100);
+                self.next_sample =
+                    Some(now + ctx.quiet_interval * QUIET_FALLBACK_FACTOR * jitter_pct / 100);
             }
         }
         self.view.delta = delta;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 /// USER_HZ: the unit of `start_ticks` and of `delayacct_blkio_ticks`.
 pub const USER_HZ: u64 = 100;
-const NS_PER_TICK: u64 = 1_000_000_000 / USER_HZ;
+pub const NS_PER_TICK: u64 = 1_000_000_000 / USER_HZ;
 
 /// Converts USER_HZ ticks to nanoseconds.
 pub fn ticks_to_ns(ticks: u64) -> u64 {
@@ -425,6 +425,46 @@ pub struct ThreadView {
     pub delta: Option<ThreadDelta>,
     /// NEW or RENAMED in this pass (or ML when its process's ML flag changed).
     pub changes: Changes,
+}
+
+impl ThreadView {
+    /// Becomes a copy of `src` (the same thread), sharing names already
+    /// shared instead of cloning them.
+    pub fn update_from(&mut self, src: &ThreadView) {
+        // Exhaustive: a new field must be handled here.
+        let ThreadView {
+            tid,
+            tgid,
+            proc_index,
+            comm,
+            start_ticks,
+            role,
+            ml,
+            gpus,
+            last_cpu,
+            state,
+            wait,
+            delta,
+            changes,
+        } = src;
+        if !Arc::ptr_eq(&self.comm, comm) {
+            self.comm = comm.clone();
+        }
+        if !Arc::ptr_eq(&self.gpus, gpus) {
+            self.gpus = gpus.clone();
+        }
+        self.tid = *tid;
+        self.tgid = *tgid;
+        self.proc_index = *proc_index;
+        self.start_ticks = *start_ticks;
+        self.role = *role;
+        self.ml = *ml;
+        self.last_cpu = *last_cpu;
+        self.state = *state;
+        self.wait = *wait;
+        self.delta = *delta;
+        self.changes = *changes;
+    }
 }
 
 /// A thread that existed in the previous pass and is gone now.

@@ -427,18 +427,24 @@ fn non_ml_gone_and_recycled_threads() {
     assert_eq!(d.tracked(), 0);
     assert_eq!(d.phase(10), Phase::Unknown);
 
-    // A recycled tid (new start time) starts over.
+    // A recycled tid (new start time: the observer reports it NEW) starts
+    // over.
     d.update(&trainer_snap(Some(0), cpu_bound));
     let mut s = trainer_snap(Some(0), None);
     s.threads[0].start_ticks = 999;
+    s.threads[0].changes = Changes::NEW;
     d.update(&s);
     assert_eq!(d.phase(10), Phase::Unknown);
 
-    // Threads missing from a snapshot without a gone entry are dropped too.
+    // Threads missing from snapshots without a gone entry are dropped too,
+    // by the sweep every SWEEP_EVERY passes.
     d.update(&trainer_snap(Some(0), cpu_bound));
+    assert_eq!(d.tracked(), 1);
     let mut s = trainer_snap(Some(0), None);
     s.threads.clear();
-    d.update(&s);
+    for _ in 0..super::SWEEP_EVERY {
+        d.update(&s);
+    }
     assert_eq!(d.tracked(), 0);
 }
 
