@@ -61,7 +61,7 @@ pub fn run(cfg: &Config, tid: Option<u32>, entries: bool) -> Result<()> {
     for (i, t) in cfg.tenants.iter().enumerate() {
         println!("tenant {} cpu_ns {}", t.name, c.tenant_ns[i]);
     }
-    println!("map_entries {}", maps.map_entries());
+    println!("map_entries {}", maps.map_entries()?);
     println!("map_capacity {}", maps.map_capacity());
     Ok(())
 }

@@ -148,7 +148,11 @@ pub struct Entry {
 
 fn read_entry(map: &dyn MapCore, tid: u32) -> Result<Option<Entry>> {
     let v = map.lookup(&tid.to_ne_bytes(), MapFlags::ANY)?;
-    Ok(v.and_then(|b| from_bytes::<bpf_intf::task_class>(&b)).map(|t| Entry {
+    Ok(v.and_then(|b| decode(&b)))
+}
+
+fn decode(b: &[u8]) -> Option<Entry> {
+    from_bytes::<bpf_intf::task_class>(b).map(|t| Entry {
         class: t.class,
         slice_ns: t.slice_ns,
         cpu: t.cpu,
@@ -157,7 +161,22 @@ fn read_entry(map: &dyn MapCore, tid: u32) -> Result<Option<Entry>> {
         preempt: t.flags & bpf_intf::zernel_task_flags_ZFLAG_PREEMPT != 0,
         start_ticks: t.start_ticks,
         applied: t.applied,
-    }))
+    })
+}
+
+/// Every (tid, entry) of the task_class map, read in batches: bucket by
+/// bucket, so that entries deleted meanwhile (threads exiting) neither
+/// restart the walk nor count twice, as a key-by-key walk would.
+fn all_entries(map: &dyn MapCore) -> Result<Vec<(u32, Entry)>> {
+    let mut out = Vec::new();
+    for (k, v) in map.lookup_batch(4096, MapFlags::ANY, MapFlags::ANY)? {
+        let (Ok(k), Some(e)) = (<[u8; 4]>::try_from(k.as_slice()), decode(&v)) else {
+            continue;
+        };
+        out.push((u32::from_ne_bytes(k), e));
+    }
+    out.sort_by_key(|(t, _)| *t);
+    Ok(out)
 }
 
 /// Why a decision did not reach the map.
@@ -324,22 +343,13 @@ impl Pinned {
         read_entry(&self.task_class, tid)
     }
 
-    pub fn map_entries(&self) -> usize {
-        self.task_class.keys().count()
+    pub fn map_entries(&self) -> Result<usize> {
+        Ok(all_entries(&self.task_class)?.len())
     }
 
-    /// Every (tid, entry) in the map (entries may vanish while iterating).
+    /// Every (tid, entry) in the map.
     pub fn entries(&self) -> Result<Vec<(u32, Entry)>> {
-        let mut out = Vec::new();
-        for key in self.task_class.keys() {
-            let Ok(k) = <[u8; 4]>::try_from(key.as_slice()) else { continue };
-            let tid = u32::from_ne_bytes(k);
-            if let Some(e) = read_entry(&self.task_class, tid)? {
-                out.push((tid, e));
-            }
-        }
-        out.sort_by_key(|(t, _)| *t);
-        Ok(out)
+        all_entries(&self.task_class)
     }
 
     pub fn map_capacity(&self) -> u32 {

@@ -16,7 +16,9 @@
  *   slice end ─> zernel_enqueue again (SCX_OPS_ENQ_LAST): a task that runs
  *              alone on the wrong node moves to its node's idle CPU
  *   CPU free ─> zernel_dispatch:
- *              1. any queue whose head waited > starve_ns (oldest first)
+ *              1. any queue whose head waited > starve_ns (oldest first;
+ *                 checked every starve_ns / 8, every dispatch while one
+ *                 is found)
  *              2. own node's queues latency > ml > normal (the tasks of
  *                 no tenant: system services, latency-critical threads)
  *              3. tenants: the tenant with queued work and the least
@@ -83,6 +85,9 @@ struct {
 	__type(key, u32);
 	__type(value, u64);
 } tenant_weight SEC(".maps");
+
+/* When zernel_dispatch next peeks the queue heads for starved tasks. */
+u64 next_starve_scan;
 
 /* Per-tenant virtual time (weighted CPU time), and the newest one served. */
 u64 tenant_vtime[ZERNEL_MAX_TENANTS];
@@ -406,7 +411,14 @@ void BPF_STRUCT_OPS(zernel_dispatch, s32 cpu, struct task_struct *prev)
 	s32 best = -1;
 	u64 best_vt = 0;
 
-	/* 1. The starvation bound: serve the queue whose head waited longest. */
+	/*
+	 * 1. The starvation bound: serve the queue whose head waited longest.
+	 * Peeking every queue head costs more than the rest of a dispatch,
+	 * so it is done every starve_ns / 8, and at every dispatch while the
+	 * last scan found a starved queue (then several CPUs help drain it).
+	 */
+	if ((s64)(now - next_starve_scan) < 0)
+		goto classes;
 	bpf_for(t, 0, nr_tenants) {
 		struct task_struct *head;
 		u64 waited;
@@ -444,9 +456,12 @@ void BPF_STRUCT_OPS(zernel_dispatch, s32 cpu, struct task_struct *prev)
 			}
 		}
 	}
+	if (!found)
+		next_starve_scan = now + starve_ns / 8;
 	if (found && take(starved, starved_class, ZSTAT_STARVED))
 		return;
 
+classes:
 	/* 2. This node's latency, ml and normal queues. */
 	bpf_for(c, 0, ZCLASS_BATCH) {
 		if (take(dsq_id(mynode, c), c, ZSTAT_CLASS_NR))

@@ -8,6 +8,7 @@
 //!                 [--decode-ms 500] [--kernel-ms 20] [--no-env]
 //! zernel-workload hog --name NAME --secs S [--threads N]
 //! zernel-workload threads --count N --secs S [--wake-ms 1000] [--ml]
+//! zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]
 //! ```
 //!
 //! # train
@@ -49,7 +50,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -61,7 +62,8 @@ fn usage() -> ! {
         "usage:\n  zernel-workload train --gpu-file PATH --secs S [--workers N] [--data-dir DIR] \
 [--compute-ms MS] [--allreduce-ms MS] [--optim-ms MS] [--decode-ms MS] [--kernel-ms MS] [--no-env]\n  \
 zernel-workload hog --name NAME --secs S [--threads N]\n  \
-zernel-workload threads --count N --secs S [--wake-ms MS] [--ml]"
+zernel-workload threads --count N --secs S [--wake-ms MS] [--ml]\n  \
+zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]"
     );
     std::process::exit(2)
 }
@@ -154,6 +156,7 @@ fn main() {
         "train" => train(&Opts::parse(rest, &["no-env"])),
         "hog" => hog(&Opts::parse(rest, &[])),
         "threads" => threads(&Opts::parse(rest, &["ml"])),
+        "churn" => churn(&Opts::parse(rest, &[])),
         _ => usage(),
     }
 }
@@ -181,6 +184,48 @@ fn hog(o: &Opts) {
     for h in handles {
         let _ = h.join();
     }
+}
+
+// ---------------------------------------------------------------- churn ----
+
+/// N threads (default 4) that each create short-lived threads, one at a
+/// time, for S seconds or until C were created: every child names itself
+/// NAME (default zt_churn), so that a rule can give it a class, and exits.
+/// Prints how many were created.
+fn churn(o: &Opts) {
+    let secs = o.num("secs", 10);
+    let target = o.num("count", u64::MAX);
+    let n = o.num("threads", 4).max(1);
+    let total = Arc::new(AtomicU64::new(0));
+    let name = o.str("name").unwrap_or("zt_churn").to_string();
+    let until = Instant::now() + Duration::from_secs(secs);
+    set_name(&name);
+    let spawners: Vec<_> = (0..n)
+        .map(|_| {
+            let name = name.clone();
+            let total = total.clone();
+            std::thread::spawn(move || {
+                let mut created = 0u64;
+                while Instant::now() < until && total.load(Ordering::Relaxed) < target {
+                    let name = name.clone();
+                    let child = std::thread::Builder::new()
+                        .stack_size(16 << 10)
+                        .spawn(move || set_name(&name));
+                    match child {
+                        Ok(h) => {
+                            let _ = h.join();
+                            created += 1;
+                            total.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(1)),
+                    }
+                }
+                created
+            })
+        })
+        .collect();
+    let total: u64 = spawners.into_iter().map(|h| h.join().unwrap_or(0)).sum();
+    println!("zernel-workload churn created {total} threads");
 }
 
 // -------------------------------------------------------------- threads ----

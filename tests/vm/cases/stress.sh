@@ -4,7 +4,9 @@
 # Survive the churn scx CI puts schedulers through: CPU hogs, fork storms and
 # affinity changes, spread over three classes, for 30 s. Afterwards the
 # scheduler is still attached, the daemon alive, the kernel log clean, and
-# SIGINT detaches it with exit 0.
+# SIGINT detaches it with exit 0. Then the starvation bound: with every CPU
+# taken by latency-class hogs, a batch-class hog still gets CPU time, served
+# by the bound.
 # shellcheck source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
@@ -21,6 +23,14 @@ class = "ml"
 [[rules]]
 comm = "^stress-ng-fork$"
 class = "latency"
+
+[[rules]]
+comm = "^zt_top$"
+class = "latency"
+
+[[rules]]
+comm = "^zt_low$"
+class = "batch"
 TOML
 
 zernel_start /tmp/stress.toml || finish
@@ -37,6 +47,26 @@ done
 n=$(zcounter_sum dispatched)
 assert_gt "tasks were dispatched ($n)" "$n" 0
 check "dmesg is clean under load" dmesg_clean
+
+# ---- starvation bound ---------------------------------------------------------
+zernel-workload hog --name zt_top --threads 8 --secs 12 &
+top=$!
+zernel-workload hog --name zt_low --secs 12 &
+low=$!
+cls() { [ "$(ztask "$1" class)" = "$2" ]; }
+wait_until 10 cls "$low" batch
+assert_eq "zt_low holds class batch" "$(ztask "$low" class)" batch
+starved0=$(zcounter batch starved)
+ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'; }
+l0=$(ticks "$low") t0=$(ticks "$top")
+sleep 5
+l1=$(ticks "$low") t1=$(ticks "$top")
+starved1=$(zcounter batch starved)
+echo "5 s with 8 latency-class hogs on 4 CPUs: zt_top $((t1 - t0)) ticks, zt_low (batch) $((l1 - l0)) ticks; batch starved-dispatches $starved0 -> $starved1"
+assert_gt "the batch hog got CPU time under latency-class saturation" $((l1 - l0)) 10
+assert_gt "the starvation bound served batch (starved counter grew)" "$starved1" "$starved0"
+assert_gt "the latency hogs kept most of the CPU" $((t1 - t0)) $(( (l1 - l0) * 4 ))
+kill "$top" "$low" 2>/dev/null; wait "$top" "$low" 2>/dev/null
 
 zernel_stop INT
 assert_eq "SIGINT: scx_zernel exits 0" "$ZRC" 0
