@@ -52,7 +52,8 @@
 //!   the previous check account for. Unaccounted time (net of a 5 % drain,
 //!   the trickle of idle pools) of three clock ticks or more means a held
 //!   thread woke up: all of them are sampled in that pass. Otherwise they
-//!   wait, at most ten intervals each:
+//!   wait, at most ten intervals each. Held threads skip their name checks
+//!   too: a new name is seen by the detailed read once they are active.
 //!
 //! ```text
 //!   process CPU since last check ── Σ samples since ──> unaccounted ≥ 30 ms?

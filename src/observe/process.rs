@@ -5,6 +5,11 @@
 //! every pass  pread main-thread stat         -
 //!             (comm/exec, ppid,
 //!             thread count), sample threads
+//!             but the quiet ones held back
+//! quiet       pread /proc/<pid>/stat (CPU    -
+//! interval    time of all threads): sample
+//!             the held ones if some of it is
+//!             unaccounted for (update_threads)
 //! rescan      exe, cmdline, cgroup; fds+maps exe, cmdline, cgroup; stat;
 //! (1 s)       not needed (already ML)        fds+maps if vsize changed
 //! back-off    thread names: 200 ms after     same

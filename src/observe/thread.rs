@@ -251,9 +251,11 @@ impl ThreadEntry {
         })
     }
 
-    /// Whether the thread's name should be re-read in this pass.
+    /// Whether the thread's name should be re-read in this pass. Not while
+    /// a quiet thread is held back: its name matters once it does something,
+    /// and then its detailed read (stat) sees a new name.
     pub fn name_due(&self, now: Instant) -> bool {
-        now >= self.next_name_check
+        now >= self.next_name_check && self.next_sample.is_none_or(|t| now >= t)
     }
 
     fn name_checked(&mut self, ctx: &PassCtx) {
