@@ -7,8 +7,9 @@
 //! median minus that of the same host without the workload, per 1000
 //! threads. Then it runs the daemon's loop (GPU refresh, observer pass,
 //! rules, phase detection, policy, decision diff: all but the BPF map
-//! writes) for 10 s at 100 ms with 2000 threads and reports the process's
-//! CPU time (getrusage) as a percentage of one core.
+//! writes) for 30 s at 100 ms with 2000 threads (long enough to include
+//! the quiet threads' fallback samples, every 15-25 s) and reports the
+//! process's CPU time (getrusage) as a percentage of one core.
 //!
 //! `cargo bench --bench observe` (add `-- --quick` for 20 passes and 3 s,
 //! `-- --cpu-only` for the CPU figures alone).
@@ -159,7 +160,7 @@ fn daemon_cpu(cfg: &ObserveConfig, secs: u64) -> f64 {
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let cpu_only = std::env::args().any(|a| a == "--cpu-only");
-    let (passes, cpu_secs) = if quick { (20, 3) } else { (50, 10) };
+    let (passes, cpu_secs) = if quick { (20, 3) } else { (50, 30) };
     let cfg = ObserveConfig::default();
     let no_tier = ObserveConfig {
         quiet_sample_interval_ms: 0,

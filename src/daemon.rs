@@ -147,8 +147,10 @@ pub struct Pipeline {
     observer: Observer,
     gpu: Box<dyn GpuProvider>,
     detector: PhaseDetector,
-    /// Rule verdict per thread, evaluated when it appears or is renamed.
-    matched: FxHashMap<u32, Option<crate::rules::Match>>,
+    /// The rule each thread matched, evaluated when it appears or is renamed:
+    /// its index + 1, 0 for none (small entries: this map is read for every
+    /// thread in every pass).
+    matched: FxHashMap<u32, u32>,
     decided: Vec<(u32, u64, Decision)>,
 }
 
@@ -230,23 +232,25 @@ impl Pipeline {
             let p = snap.process_of(t);
             let tid = t.tid as u32;
             let changed = !t.changes.is_empty() || !p.changes.is_empty();
-            let matched = match self.matched.entry(tid) {
-                Entry::Occupied(e) if !changed => e.into_mut(),
+            let rule = match self.matched.entry(tid) {
+                Entry::Occupied(e) if !changed => *e.get(),
                 e => {
                     let m = self.rules.first_match(&identity(p, &t.comm));
                     if t.tid == p.pid {
                         forced.push((p.pid, m.is_some_and(|m| m.ml).then_some(true)));
                     }
+                    let slot = m.map_or(0, |m| m.index as u32 + 1);
                     match e {
-                        Entry::Occupied(mut o) => {
-                            o.insert(m);
-                            o.into_mut()
+                        Entry::Occupied(mut o) => *o.get_mut() = slot,
+                        Entry::Vacant(v) => {
+                            v.insert(slot);
                         }
-                        Entry::Vacant(v) => v.insert(m),
                     }
+                    slot
                 }
-            }
-            .as_ref();
+            };
+            let matched = rule.checked_sub(1).and_then(|i| self.rules.at(i as usize));
+            let matched = matched.as_ref();
             let phase = if t.ml { self.detector.phase(t.tid) } else { Phase::Unknown };
             let facts = Facts {
                 rule: matched.map(|m| m.verdict),
@@ -297,8 +301,9 @@ impl Pipeline {
     }
 
     /// The rule that matched a thread when it was last evaluated, if any.
-    pub fn rule_match(&self, tid: u32) -> Option<&crate::rules::Match> {
-        self.matched.get(&tid).and_then(|m| m.as_ref())
+    pub fn rule_match(&self, tid: u32) -> Option<crate::rules::Match> {
+        let slot = *self.matched.get(&tid)?;
+        slot.checked_sub(1).and_then(|i| self.rules.at(i as usize))
     }
 
     pub fn fill_metrics(&self, m: &mut Metrics) {

@@ -181,11 +181,12 @@ impl Rules {
 
     /// The first rule that matches, if any.
     pub fn first_match(&self, id: &Identity) -> Option<Match> {
-        self.rules
-            .iter()
-            .enumerate()
-            .find(|(_, r)| r.matches(id))
-            .map(|(index, r)| Match { index, verdict: r.verdict, ml: r.ml, tenant: r.tenant })
+        self.rules.iter().position(|r| r.matches(id)).and_then(|i| self.at(i))
+    }
+
+    /// What rule `index` says (the Match it gives every thread it matches).
+    pub fn at(&self, index: usize) -> Option<Match> {
+        self.rules.get(index).map(|r| Match { index, verdict: r.verdict, ml: r.ml, tenant: r.tenant })
     }
 }
 

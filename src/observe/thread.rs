@@ -57,7 +57,7 @@ const QUIET_AFTER: Duration = Duration::from_secs(1);
 /// A quiet thread is sampled at least every this many quiet intervals; in
 /// between, only when its process's CPU time shows activity that the
 /// sampled threads do not account for (process.rs).
-const QUIET_FALLBACK_FACTOR: u32 = 10;
+const QUIET_FALLBACK_FACTOR: u32 = 40;
 
 #[derive(Debug, Clone, Copy)]
 struct SchedSample {
