@@ -11,7 +11,6 @@
 //!   SIGINT/SIGTERM ─> detach ─> exit 0;  BPF-side exit ─> UEI report ─> exit 1
 //! ```
 
-use std::collections::hash_map::Entry;
 use std::collections::HashSet;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
@@ -232,24 +231,19 @@ impl Pipeline {
             let p = snap.process_of(t);
             let tid = t.tid as u32;
             let changed = !t.changes.is_empty() || !p.changes.is_empty();
-            let rule = match self.matched.entry(tid) {
-                Entry::Occupied(e) if !changed => *e.get(),
-                e => {
+            let slot = match self.matched.get(&tid) {
+                Some(&slot) if !changed => slot,
+                _ => {
                     let m = self.rules.first_match(&identity(p, &t.comm));
                     if t.tid == p.pid {
                         forced.push((p.pid, m.is_some_and(|m| m.ml).then_some(true)));
                     }
                     let slot = m.map_or(0, |m| m.index as u32 + 1);
-                    match e {
-                        Entry::Occupied(mut o) => *o.get_mut() = slot,
-                        Entry::Vacant(v) => {
-                            v.insert(slot);
-                        }
-                    }
+                    self.matched.insert(tid, slot);
                     slot
                 }
             };
-            let matched = rule.checked_sub(1).and_then(|i| self.rules.at(i as usize));
+            let matched = match_of(&self.rules, slot);
             let matched = matched.as_ref();
             let phase = if t.ml { self.detector.phase(t.tid) } else { Phase::Unknown };
             let facts = Facts {
@@ -302,8 +296,7 @@ impl Pipeline {
 
     /// The rule that matched a thread when it was last evaluated, if any.
     pub fn rule_match(&self, tid: u32) -> Option<crate::rules::Match> {
-        let slot = *self.matched.get(&tid)?;
-        slot.checked_sub(1).and_then(|i| self.rules.at(i as usize))
+        match_of(&self.rules, *self.matched.get(&tid)?)
     }
 
     pub fn fill_metrics(&self, m: &mut Metrics) {
@@ -318,6 +311,11 @@ impl Pipeline {
         m.phase_transitions = s.transitions;
         m.observe_pass_us = snap.pass_ns / 1000;
     }
+}
+
+/// The Match a `Pipeline::matched` slot stands for.
+fn match_of(rules: &Rules, slot: u32) -> Option<crate::rules::Match> {
+    slot.checked_sub(1).and_then(|i| rules.at(i as usize))
 }
 
 fn identity<'a>(p: &'a ProcessView, comm: &'a str) -> Identity<'a> {

@@ -84,8 +84,8 @@ pub struct ProcEntry {
     stat: ProcFile,
     /// /proc/<pid>/stat, read instead of `stat` while the process is ML.
     group_stat: ProcFile,
-    /// The process's CPU time (all threads, live and exited) at the last
-    /// refresh, and how much it grew since the one before.
+    /// When the process's CPU time (all threads, live and exited) was last
+    /// read, and its value.
     group_cpu_ns: Option<(Instant, u64)>,
     /// Set in a pass that read the process's CPU time: (wall time, CPU
     /// time) since the previous such read, None if there was none.
@@ -431,18 +431,12 @@ impl ProcEntry {
         }
         // Threads due (every pass, or quiet ones on their own schedule),
         // and the CPU time their samples account for.
-        let mut explained = 0u64;
         let mut held_back = false;
-        self.sample_threads(
-            ctx,
-            gone,
-            |t, now| {
-                let due = t.due(now);
-                held_back |= !due;
-                due
-            },
-            &mut explained,
-        );
+        let explained = self.sample_threads(ctx, gone, |t, now| {
+            let due = t.due(now);
+            held_back |= !due;
+            due
+        });
         self.explained_ns = self.explained_ns.saturating_add(explained);
         // In a pass that read the process's CPU time: the quiet threads held
         // back are all sampled at once when the process used CPU time that
@@ -467,19 +461,19 @@ impl ProcEntry {
             return;
         }
         // (These samples cover time the debt already counted.)
-        self.sample_threads(ctx, gone, |t, now| !t.sampled_at(now), &mut 0);
+        self.sample_threads(ctx, gone, |t, now| !t.sampled_at(now));
         self.quiet_debt_ns = 0;
     }
 
-    /// Samples the threads `pick` selects; adds their CPU deltas to
-    /// `explained`.
+    /// Samples the threads `pick` selects; returns the CPU time their
+    /// samples account for.
     fn sample_threads(
         &mut self,
         ctx: &mut PassCtx,
         gone: &mut Vec<GoneThread>,
         mut pick: impl FnMut(&ThreadEntry, Instant) -> bool,
-        explained: &mut u64,
-    ) {
+    ) -> u64 {
+        let mut explained = 0;
         let mut i = 0;
         while i < self.threads.len() {
             let t = &mut self.threads[i];
@@ -489,14 +483,15 @@ impl ProcEntry {
             }
             match t.sample(ctx) {
                 Ok(()) => {
-                    *explained += t.view.delta.map_or(0, |d| d.cpu_ns);
-                    i += 1
+                    explained += t.view.delta.map_or(0, |d| d.cpu_ns);
+                    i += 1;
                 }
                 Err(ReadError::Gone) => self.drop_thread(i, gone),
                 // Unreadable this time: no delta, try again next pass.
                 Err(_) => i += 1,
             }
         }
+        explained
     }
 
     fn drop_thread(&mut self, i: usize, gone: &mut Vec<GoneThread>) {

@@ -428,19 +428,21 @@ pub struct ThreadView {
 }
 
 impl ThreadView {
-    /// Becomes a copy of `src` (the same thread), sharing names already
-    /// shared instead of cloning them.
+    /// Becomes a copy of `src` (the same thread), sharing a name already
+    /// shared instead of cloning it. The process's fields (`proc_index`,
+    /// `ml`, `gpus`) are left to the caller, which sets them from the
+    /// process.
     pub fn update_from(&mut self, src: &ThreadView) {
         // Exhaustive: a new field must be handled here.
         let ThreadView {
             tid,
             tgid,
-            proc_index,
+            proc_index: _,
             comm,
             start_ticks,
             role,
-            ml,
-            gpus,
+            ml: _,
+            gpus: _,
             last_cpu,
             state,
             wait,
@@ -450,15 +452,10 @@ impl ThreadView {
         if !Arc::ptr_eq(&self.comm, comm) {
             self.comm = comm.clone();
         }
-        if !Arc::ptr_eq(&self.gpus, gpus) {
-            self.gpus = gpus.clone();
-        }
         self.tid = *tid;
         self.tgid = *tgid;
-        self.proc_index = *proc_index;
         self.start_ticks = *start_ticks;
         self.role = *role;
-        self.ml = *ml;
         self.last_cpu = *last_cpu;
         self.state = *state;
         self.wait = *wait;
