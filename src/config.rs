@@ -79,7 +79,12 @@ pub struct SliceConfig {
 
 impl Default for SliceConfig {
     fn default() -> Self {
-        Self { latency: 2000, ml: 4000, normal: 3000, batch: 8000 }
+        Self {
+            latency: 2000,
+            ml: 4000,
+            normal: 3000,
+            batch: 8000,
+        }
     }
 }
 
@@ -103,6 +108,11 @@ pub struct SchedulerConfig {
     /// A queue whose oldest task has waited this long is served before any
     /// higher class: the bound on how long a lower class can be starved.
     pub starvation_bound_ms: u64,
+    /// A thread that runs in short bursts (on average less than this between
+    /// sleeps) and wakes when no CPU is idle cuts short the task of its class
+    /// or a lower one that has run longest, if that one has run at least
+    /// this long (0 = never: a wakeup waits for a slice to end).
+    pub wakeup_preempt_us: u64,
     /// Capacity of the per-thread decision map. When it is full, further
     /// threads keep the default class and `map_full` counts them.
     pub task_map_size: u32,
@@ -118,6 +128,7 @@ impl Default for SchedulerConfig {
         Self {
             default_class: Class::Normal,
             starvation_bound_ms: 50,
+            wakeup_preempt_us: 1000,
             task_map_size: 65536,
             slice_us: SliceConfig::default(),
             pin_dir: "/sys/fs/bpf/scx_zernel".into(),
@@ -134,6 +145,14 @@ impl SchedulerConfig {
             return Err(format!(
                 "scheduler.starvation_bound_ms = {} is out of range 1..=10000 (the kernel watchdog ejects at 30 s)",
                 self.starvation_bound_ms
+            ));
+        }
+        if self.wakeup_preempt_us != 0
+            && !(SLICE_US_RANGE.0..=SLICE_US_RANGE.1).contains(&self.wakeup_preempt_us)
+        {
+            return Err(format!(
+                "scheduler.wakeup_preempt_us = {} is out of range: 0 (off) or {}..={}",
+                self.wakeup_preempt_us, SLICE_US_RANGE.0, SLICE_US_RANGE.1
             ));
         }
         if !(1024..=4_194_304).contains(&self.task_map_size) {
@@ -186,7 +205,10 @@ impl std::error::Error for ConfigError {}
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
-    let col = before.rfind('\n').map_or(before.len(), |nl| before.len() - nl - 1) + 1;
+    let col = before
+        .rfind('\n')
+        .map_or(before.len(), |nl| before.len() - nl - 1)
+        + 1;
     (line, col)
 }
 
@@ -203,7 +225,8 @@ impl Config {
                 None => ConfigError(format!("{origin}: {msg}")),
             }
         })?;
-        cfg.validate().map_err(|e| ConfigError(format!("{origin}: {e}")))?;
+        cfg.validate()
+            .map_err(|e| ConfigError(format!("{origin}: {e}")))?;
         Ok(cfg)
     }
 
@@ -257,9 +280,12 @@ mod tests {
 
     #[test]
     fn unknown_key_names_file_line_and_key() {
-        let e = Config::parse("[scheduler]\nstarvation_bound_ms = 10\nbogus = 1\n", "a.toml")
-            .unwrap_err()
-            .0;
+        let e = Config::parse(
+            "[scheduler]\nstarvation_bound_ms = 10\nbogus = 1\n",
+            "a.toml",
+        )
+        .unwrap_err()
+        .0;
         assert!(e.starts_with("a.toml:3:1: "), "{e}");
         assert!(e.contains("bogus"), "{e}");
         assert!(!e.contains('\n'));
@@ -273,7 +299,9 @@ mod tests {
 
     #[test]
     fn bad_class_value_is_rejected() {
-        let e = Config::parse("[scheduler]\ndefault_class = \"nope\"\n", "c.toml").unwrap_err().0;
+        let e = Config::parse("[scheduler]\ndefault_class = \"nope\"\n", "c.toml")
+            .unwrap_err()
+            .0;
         assert!(e.starts_with("c.toml:2:"), "{e}");
         assert!(e.contains("nope"), "{e}");
     }
@@ -281,21 +309,53 @@ mod tests {
     #[test]
     fn absurd_values_are_rejected_with_key() {
         for (text, key) in [
-            ("[scheduler]\nstarvation_bound_ms = 0\n", "scheduler.starvation_bound_ms"),
-            ("[scheduler]\ntask_map_size = 1000000000\n", "scheduler.task_map_size"),
-            ("[scheduler.slice_us]\nbatch = 0\n", "scheduler.slice_us.batch"),
+            (
+                "[scheduler]\nstarvation_bound_ms = 0\n",
+                "scheduler.starvation_bound_ms",
+            ),
+            (
+                "[scheduler]\ntask_map_size = 1000000000\n",
+                "scheduler.task_map_size",
+            ),
+            (
+                "[scheduler.slice_us]\nbatch = 0\n",
+                "scheduler.slice_us.batch",
+            ),
+            (
+                "[scheduler]\nwakeup_preempt_us = 10\n",
+                "scheduler.wakeup_preempt_us",
+            ),
+            (
+                "[scheduler]\nwakeup_preempt_us = 5000000\n",
+                "scheduler.wakeup_preempt_us",
+            ),
         ] {
             let e = Config::parse(text, "d.toml").unwrap_err().0;
             assert!(e.starts_with("d.toml: ") && e.contains(key), "{e}");
         }
-        let e = Config::parse("[scheduler]\nstarvation_bound_ms = -5\n", "e.toml").unwrap_err().0;
+        // 0 turns wakeup preemption off; it is not out of range.
+        assert_eq!(
+            Config::parse("[scheduler]\nwakeup_preempt_us = 0\n", "f.toml")
+                .unwrap()
+                .scheduler
+                .wakeup_preempt_us,
+            0
+        );
+        let e = Config::parse("[scheduler]\nstarvation_bound_ms = -5\n", "e.toml")
+            .unwrap_err()
+            .0;
         assert!(e.starts_with("e.toml:2:"), "{e}");
     }
 
     #[test]
     fn missing_file_names_path() {
-        let e = Config::load(Path::new("/nonexistent/zernel.toml")).unwrap_err().0;
-        assert!(e.starts_with("/nonexistent/zernel.toml: cannot read config"), "{e}");
+        let e = Config::load(Path::new("/nonexistent/zernel.toml"))
+            .unwrap_err()
+            .0;
+        assert!(
+            e.starts_with("/nonexistent/zernel.toml: cannot read config"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -328,8 +388,20 @@ mod fuzz {
         }
     }
 
-    const TOKENS: [&str; 12] =
-        ["=", "[", "]", "\"", "\n", "-1", "1e309", "[[rules]]", "class = \"x\"", "{", "18446744073709551616", "\u{0}"];
+    const TOKENS: [&str; 12] = [
+        "=",
+        "[",
+        "]",
+        "\"",
+        "\n",
+        "-1",
+        "1e309",
+        "[[rules]]",
+        "class = \"x\"",
+        "{",
+        "18446744073709551616",
+        "\u{0}",
+    ];
 
     #[test]
     fn no_input_panics_and_errors_are_one_line() {
@@ -364,6 +436,9 @@ mod fuzz {
                 }
             }
         }
-        assert!(ok > 0 && err > 0, "mutations should give both outcomes: {ok} ok, {err} errors");
+        assert!(
+            ok > 0 && err > 0,
+            "mutations should give both outcomes: {ok} ok, {err} errors"
+        );
     }
 }

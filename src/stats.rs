@@ -49,8 +49,16 @@ impl TenantMetrics {
             .iter()
             .zip(weights)
             .map(|(&u, &w)| {
-                let share = if used > 0 { u as f64 * 100.0 / used as f64 } else { 0.0 };
-                let entitled = if wsum > 0 { w as f64 * 100.0 / wsum as f64 } else { 0.0 };
+                let share = if used > 0 {
+                    u as f64 * 100.0 / used as f64
+                } else {
+                    0.0
+                };
+                let entitled = if wsum > 0 {
+                    w as f64 * 100.0 / wsum as f64
+                } else {
+                    0.0
+                };
                 TenantMetrics {
                     weight: w as f64 / f64::from(crate::bpf_intf::zernel_consts_ZERNEL_WEIGHT_UNIT),
                     share_pct: share,
@@ -87,6 +95,10 @@ pub struct Metrics {
     pub direct: u64,
     #[stat(desc = "Wakeups that preempted a lower class (all classes)")]
     pub preempted: u64,
+    #[stat(
+        desc = "Wakeups that cut short a task that had run scheduler.wakeup_preempt_us (all classes)"
+    )]
+    pub wake_preempted: u64,
     #[stat(desc = "Dispatches forced by the starvation bound (all classes)")]
     pub starved: u64,
     #[stat(desc = "Dispatches stolen from another NUMA node's queues")]
@@ -131,7 +143,12 @@ impl Metrics {
     /// Fills the kernel-side fields from the BPF counters.
     pub fn set_counters(&mut self, c: &Counters) {
         use crate::bpf_intf as i;
-        let sum = |stat: u32| Class::ALL.iter().map(|&k| c.get(k, stat as usize)).sum::<u64>();
+        let sum = |stat: u32| {
+            Class::ALL
+                .iter()
+                .map(|&k| c.get(k, stat as usize))
+                .sum::<u64>()
+        };
         let enq = i::zernel_class_stat_ZSTAT_ENQUEUED as usize;
         let disp = i::zernel_class_stat_ZSTAT_DISPATCHED as usize;
         self.latency_enqueued = c.get(Class::Latency, enq);
@@ -145,6 +162,7 @@ impl Metrics {
         self.direct = sum(i::zernel_class_stat_ZSTAT_DIRECT);
         self.preempted = sum(i::zernel_class_stat_ZSTAT_PREEMPTED);
         self.starved = sum(i::zernel_class_stat_ZSTAT_STARVED);
+        self.wake_preempted = sum(i::zernel_class_stat_ZSTAT_WAKE_PREEMPT);
         self.steals = c.global[i::zernel_global_stat_ZGSTAT_STEAL as usize];
         self.map_misses = c.global[i::zernel_global_stat_ZGSTAT_MAP_MISS as usize];
         self.map_stale = c.global[i::zernel_global_stat_ZGSTAT_MAP_STALE as usize];
@@ -153,7 +171,7 @@ impl Metrics {
     pub fn format<W: Write>(&self, w: &mut W) -> Result<()> {
         writeln!(
             w,
-            "[zernel] enq lat/ml/nrm/bat {}/{}/{}/{} disp {}/{}/{}/{} | direct {} preempt {} starved {} steal {} | \
+            "[zernel] enq lat/ml/nrm/bat {}/{}/{}/{} disp {}/{}/{}/{} | direct {} preempt {} wake-preempt {} starved {} steal {} | \
              map {}/{} miss {} stale {} written {} full {}",
             self.latency_enqueued,
             self.ml_enqueued,
@@ -165,6 +183,7 @@ impl Metrics {
             self.batch_dispatched,
             self.direct,
             self.preempted,
+            self.wake_preempted,
             self.starved,
             self.steals,
             self.map_entries,
@@ -209,7 +228,10 @@ pub fn server_data() -> StatsServerData<(), Metrics> {
         let _ = (req_ch, res_ch);
         Ok(read)
     });
-    StatsServerData::new().add_meta(TenantMetrics::meta()).add_meta(Metrics::meta()).add_ops("top", StatsOps { open, close: None })
+    StatsServerData::new()
+        .add_meta(TenantMetrics::meta())
+        .add_meta(Metrics::meta())
+        .add_ops("top", StatsOps { open, close: None })
 }
 
 /// Prints the running scheduler's stats every `intv` (client side only).
@@ -230,10 +252,19 @@ mod tests {
     fn borrowed_and_lent_follow_use_against_entitlement() {
         // Weights 3:1; b idle: a uses everything, borrows b's 25%.
         let t = TenantMetrics::compute(&[1000, 0], &[3072, 1024]);
-        assert_eq!((t[0].share_pct, t[0].entitled_pct, t[0].borrowed_pct), (100.0, 75.0, 25.0));
-        assert_eq!((t[1].share_pct, t[1].lent_pct, t[1].weight), (0.0, 25.0, 1.0));
+        assert_eq!(
+            (t[0].share_pct, t[0].entitled_pct, t[0].borrowed_pct),
+            (100.0, 75.0, 25.0)
+        );
+        assert_eq!(
+            (t[1].share_pct, t[1].lent_pct, t[1].weight),
+            (0.0, 25.0, 1.0)
+        );
         // Nothing ran: no shares, nothing borrowed.
         let t = TenantMetrics::compute(&[0, 0], &[1024, 1024]);
-        assert_eq!((t[0].share_pct, t[0].borrowed_pct, t[0].lent_pct), (0.0, 0.0, 50.0));
+        assert_eq!(
+            (t[0].share_pct, t[0].borrowed_pct, t[0].lent_pct),
+            (0.0, 0.0, 50.0)
+        );
     }
 }

@@ -26,6 +26,8 @@ enum zernel_consts {
 	ZERNEL_TASK_MAP_DEFAULT	= 65536,
 	/* USER_HZ: /proc/<pid>/stat start times are in these ticks. */
 	ZERNEL_USER_HZ		= 100,
+	/* CPUs a wakeup looks at for a task to cut short (wake_preempt). */
+	ZERNEL_PREEMPT_SCAN	= 64,
 };
 
 /*
@@ -71,6 +73,7 @@ enum zernel_class_stat {
 	ZSTAT_DIRECT,		/* tasks sent straight to an idle CPU */
 	ZSTAT_PREEMPTED,	/* wakeups that preempted a lower class */
 	ZSTAT_STARVED,		/* dispatches forced by the starvation bound */
+	ZSTAT_WAKE_PREEMPT,	/* wakeups that cut short a task that ran >= wakeup_preempt_us */
 	ZSTAT_CLASS_NR,
 };
 

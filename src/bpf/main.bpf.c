@@ -11,7 +11,11 @@
  *              └─ idle CPU found: straight to its local queue
  *   enqueue ─> zernel_enqueue: preempt flag and a CPU running a lower class?
  *              └─ yes: head of that CPU's local queue, current task preempted
- *              └─ no:  dsq[node][class], FIFO (vtime = enqueue time);
+ *              └─ no idle CPU, a short-burst wakeup and a CPU whose task
+ *                 (same class or lower) is a hog or ran long enough: head
+ *                 of that CPU's local queue, its task preempted
+ *                 (wake_victim)
+ *              └─ else: dsq[node][class], FIFO (vtime = enqueue time);
  *                      kick an idle CPU, its node first
  *   slice end ─> zernel_enqueue again (SCX_OPS_ENQ_LAST): a task that runs
  *              alone on the wrong node moves to its node's idle CPU
@@ -53,6 +57,7 @@ const volatile u64 class_slice_ns[ZCLASS_NR] = {
 	2000000, 4000000, 3000000, 8000000,
 };
 const volatile u64 starve_ns = 50000000;
+const volatile u64 wake_preempt_ns = 1000000;
 const volatile u32 default_class = ZCLASS_NORMAL;
 const volatile u32 nr_cpus = 1;
 const volatile u32 nr_nodes = 1;
@@ -93,11 +98,16 @@ u64 next_starve_scan;
 u64 tenant_vtime[ZERNEL_MAX_TENANTS];
 u64 vtime_now;
 
-/* What each task was last queued with (read when it runs and stops). */
+/*
+ * What each task was last queued with (read when it runs and stops), and how
+ * long it runs between sleeps.
+ */
 struct task_ctx {
 	u32	class;
 	s32	tenant;
-	u64	started_at;
+	u64	started_at;	/* when it last started running, 0 = not running */
+	u64	burst_ns;	/* CPU time since it last woke */
+	u64	avg_burst_ns;	/* moving average of burst_ns at each sleep */
 };
 
 struct {
@@ -107,9 +117,16 @@ struct {
 	__type(value, struct task_ctx);
 } task_ctxs SEC(".maps");
 
-/* The class running on each CPU: preemption picks a CPU running a lower one. */
+/*
+ * What each CPU runs: preemption picks a CPU running a lower class, or one
+ * whose task has run for wake_preempt_ns.
+ */
 struct cpu_ctx {
 	u32	class;
+	s32	tenant;
+	u64	started_at;	/* when its task started, 0 = none (or claimed) */
+	bool	long_burst;	/* its task ran >= wake_preempt_ns since it woke,
+				 * or does on average between sleeps */
 };
 
 struct {
@@ -197,8 +214,8 @@ static __always_inline u64 slice_of(const struct task_class *tc, u32 class)
 	return SCX_SLICE_DFL;
 }
 
-static __always_inline void remember(struct task_struct *p, u32 class,
-				     s32 tenant)
+static __always_inline struct task_ctx *remember(struct task_struct *p,
+						 u32 class, s32 tenant)
 {
 	struct task_ctx *tctx;
 
@@ -207,6 +224,7 @@ static __always_inline void remember(struct task_struct *p, u32 class,
 		tctx->class = class;
 		tctx->tenant = tenant;
 	}
+	return tctx;
 }
 
 /* The tenant @tc puts its task in, -1 for none. */
@@ -330,15 +348,79 @@ static s32 find_victim(struct task_struct *p, u32 class)
 	return -1;
 }
 
+/*
+ * Wakeup preemption, EEVDF-like. A task that runs in short bursts (less than
+ * wake_preempt_ns between sleeps, on average) and wakes when no CPU is idle
+ * would otherwise wait for some CPU's slice to end (and slices end at
+ * scheduler ticks). Instead it takes a CPU whose task is of its class or a
+ * lower one and either runs in long bursts (a CPU hog: it has used
+ * wake_preempt_ns since it last woke, or does on average) or has run for a
+ * quarter of wake_preempt_ns. Its own CPU first (usually the CPU handling
+ * the wakeup: no IPI), else the one whose task has run longest.
+ *
+ *   short-burst wakeup, no idle CPU
+ *     └─> own CPU: class >= its class, and a hog or ran >= wake_preempt_ns/4?
+ *         └─ no: the longest-running such CPU (at most ZERNEL_PREEMPT_SCAN)
+ *     └─> head of that CPU's local queue, its task preempted; the CPU is
+ *         claimed (started_at = 0) until its next task starts
+ *
+ * What bounds it: only short-burst tasks preempt, so a hog loses at most a
+ * short burst per wakeup; two short-burst tasks take turns no faster than
+ * every wake_preempt_ns / 4; batch tasks never preempt; a task in a tenant
+ * preempts only tasks of its own tenant (between tenants the weights
+ * decide), a task outside tenants any of its class or lower. A preempted
+ * task goes back to its queue, where the starvation bound covers it.
+ * Returns the CPU, -1 if none qualifies.
+ */
+static s32 wake_victim(struct task_struct *p, u32 class, s32 tenant, u64 now)
+{
+	s32 start = scx_bpf_task_cpu(p), best = -1;
+	u64 min_start = now - wake_preempt_ns / 4, best_start = 0;
+	struct cpu_ctx *cctx;
+	u32 i, zero = 0;
+
+	bpf_for(i, 0, nr_cpus) {
+		s32 cpu = (start + i) % nr_cpus;
+
+		if (i >= ZERNEL_PREEMPT_SCAN)
+			break;
+		if (!bpf_cpumask_test_cpu(cpu, p->cpus_ptr))
+			continue;
+		cctx = bpf_map_lookup_percpu_elem(&cpu_ctxs, &zero, cpu);
+		if (!cctx || !cctx->started_at || cctx->class < class ||
+		    (tenant >= 0 && cctx->tenant != tenant))
+			continue;
+		if (!cctx->long_burst &&
+		    (s64)(cctx->started_at - min_start) > 0)
+			continue;
+		if (!i) {
+			best = cpu;	/* its own CPU qualifies */
+			break;
+		}
+		if (best < 0 || (s64)(cctx->started_at - best_start) < 0) {
+			best = cpu;
+			best_start = cctx->started_at;
+		}
+	}
+	if (best < 0)
+		return -1;
+	cctx = bpf_map_lookup_percpu_elem(&cpu_ctxs, &zero, best);
+	if (cctx)
+		cctx->started_at = 0;
+	return best;
+}
+
 void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 {
 	struct task_class *tc = lookup_decision(p);
 	u32 class = class_of(tc);
 	u64 slice = slice_of(tc, class);
-	s32 node, cpu, tenant;
+	u64 now = bpf_ktime_get_ns(), dsq;
+	struct task_ctx *tctx;
+	s32 node, cpu, idle, tenant;
 
 	tenant = tenant_of(tc, class);
-	remember(p, class, tenant);
+	tctx = remember(p, class, tenant);
 	stat_cls(class, ZSTAT_ENQUEUED);
 
 	/*
@@ -360,10 +442,29 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 
 	node = tc && tc->node >= 0 && tc->node < nr_nodes ?
 		tc->node : node_of(scx_bpf_task_cpu(p));
-	if (tenant >= 0) {
-		u64 dsq = ZERNEL_TENANT_DSQ + tenant;
 
+	/*
+	 * An idle CPU, the task's node first. It is not claimed, so that it
+	 * still counts as idle for node_saturated() until it has taken work.
+	 * None idle: a short-burst wakeup may cut a long-running task short.
+	 */
+	idle = find_idle(p, node);
+	if (idle < 0 && wake_preempt_ns && (enq_flags & SCX_ENQ_WAKEUP) &&
+	    class < ZCLASS_BATCH && tctx &&
+	    tctx->avg_burst_ns < wake_preempt_ns) {
+		cpu = wake_victim(p, class, tenant, now);
+		if (cpu >= 0) {
+			scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL_ON | cpu, slice,
+					   enq_flags | SCX_ENQ_PREEMPT);
+			stat_cls(class, ZSTAT_WAKE_PREEMPT);
+			return;
+		}
+	}
+
+	if (tenant >= 0) {
 		u64 *vt = &tenant_vtime[tenant & (ZERNEL_MAX_TENANTS - 1)];
+
+		dsq = ZERNEL_TENANT_DSQ + tenant;
 
 		/*
 		 * Back from idle: no credit for the idle time beyond a lag of
@@ -373,21 +474,14 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 		if (!scx_bpf_dsq_nr_queued(dsq) &&
 		    (s64)(*vt + starve_ns - vtime_now) < 0)
 			*vt = vtime_now - starve_ns;
-		scx_bpf_dsq_insert_vtime(p, dsq, slice, bpf_ktime_get_ns(),
-					 enq_flags);
 	} else {
-		scx_bpf_dsq_insert_vtime(p, dsq_id(node, class), slice,
-					 bpf_ktime_get_ns(), enq_flags);
+		dsq = dsq_id(node, class);
 	}
+	scx_bpf_dsq_insert_vtime(p, dsq, slice, now, enq_flags);
 
-	/*
-	 * Work conservation: wake an idle CPU, the task's node first. The CPU
-	 * is not claimed, so that it still counts as idle for
-	 * node_saturated() until it has taken the task.
-	 */
-	cpu = find_idle(p, node);
-	if (cpu >= 0) {
-		scx_bpf_kick_cpu(cpu, SCX_KICK_IDLE);
+	/* Work conservation: wake the idle CPU. */
+	if (idle >= 0) {
+		scx_bpf_kick_cpu(idle, SCX_KICK_IDLE);
 		stat_glob(ZGSTAT_KICK);
 	}
 }
@@ -510,29 +604,50 @@ classes:
 void BPF_STRUCT_OPS(zernel_running, struct task_struct *p)
 {
 	struct task_ctx *tctx = bpf_task_storage_get(&task_ctxs, p, 0, 0);
+	u64 now = bpf_ktime_get_ns();
 	struct cpu_ctx *cctx;
 	u32 zero = 0;
 
 	cctx = bpf_map_lookup_elem(&cpu_ctxs, &zero);
-	if (cctx)
+	if (cctx) {
 		cctx->class = tctx ? tctx->class : default_class;
-	if (tctx && tctx->tenant >= 0)
-		tctx->started_at = bpf_ktime_get_ns();
+		cctx->tenant = tctx ? tctx->tenant : -1;
+		cctx->long_burst = tctx &&
+			(tctx->avg_burst_ns >= wake_preempt_ns ||
+			 tctx->burst_ns >= wake_preempt_ns);
+		cctx->started_at = now;
+	}
+	if (tctx)
+		tctx->started_at = now;
 }
 
-/* Charges a tenant's task for the CPU time it just used. */
+/*
+ * Adds the CPU time @p just used to its burst (closed when it sleeps), and
+ * charges a tenant's task to its tenant.
+ */
 void BPF_STRUCT_OPS(zernel_stopping, struct task_struct *p, bool runnable)
 {
 	struct task_ctx *tctx = bpf_task_storage_get(&task_ctxs, p, 0, 0);
 	struct zernel_stats *s;
+	struct cpu_ctx *cctx;
+	u32 t, zero = 0;
 	u64 used;
-	u32 t;
 
-	if (!tctx || tctx->tenant < 0 || !tctx->started_at)
+	cctx = bpf_map_lookup_elem(&cpu_ctxs, &zero);
+	if (cctx)
+		cctx->started_at = 0;
+	if (!tctx || !tctx->started_at)
 		return;
-	t = tctx->tenant & (ZERNEL_MAX_TENANTS - 1);
 	used = bpf_ktime_get_ns() - tctx->started_at;
 	tctx->started_at = 0;
+	tctx->burst_ns += used;
+	if (!runnable) {
+		tctx->avg_burst_ns = (tctx->avg_burst_ns * 3 + tctx->burst_ns) / 4;
+		tctx->burst_ns = 0;
+	}
+	if (tctx->tenant < 0)
+		return;
+	t = tctx->tenant & (ZERNEL_MAX_TENANTS - 1);
 	__sync_fetch_and_add(&tenant_vtime[t],
 			     used * ZERNEL_WEIGHT_UNIT / weight_of(t));
 	s = stats_get();

@@ -6,7 +6,8 @@
 # scheduler is still attached, the daemon alive, the kernel log clean, and
 # SIGINT detaches it with exit 0. Then the starvation bound: with every CPU
 # taken by latency-class hogs, a batch-class hog still gets CPU time, served
-# by the bound.
+# by the bound. Then wakeup preemption: sleepers cut normal-class hogs short,
+# and do not when scheduler.wakeup_preempt_us = 0.
 # shellcheck source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
@@ -68,8 +69,37 @@ assert_gt "the starvation bound served batch (starved counter grew)" "$starved1"
 assert_gt "the latency hogs kept most of the CPU" $((t1 - t0)) $(( (l1 - l0) * 4 ))
 kill "$top" "$low" 2>/dev/null; wait "$top" "$low" 2>/dev/null
 
+# ---- wakeup preemption --------------------------------------------------------
+# Normal-class hogs on every CPU and threads that wake every 2 ms and sleep
+# again at once (the default class for both: no rule). With
+# scheduler.wakeup_preempt_us at its default, the sleepers' wakeups cut the
+# hogs short; with 0, no wakeup does, and the sleepers wait for slices to end.
+# wake_round : 5 s of that load; prints the normal class's wake_preempt delta.
+wake_round() {
+  local h s w0
+  zernel-workload hog --name zt_hog --threads 4 --secs 8 &
+  h=$!
+  zernel-workload threads --count 4 --wake-ms 2 --secs 8 >/dev/null &
+  s=$!
+  sleep 1
+  w0=$(zcounter normal wake_preempt)
+  sleep 5
+  echo $(($(zcounter normal wake_preempt) - w0))
+  kill "$h" "$s" 2>/dev/null; wait "$h" "$s" 2>/dev/null
+}
+w_on=$(wake_round)
+echo "5 s of 2 ms sleepers beside 4 normal-class hogs: $w_on wakeups preempted a hog (wakeup_preempt_us = 1000)"
+assert_gt "short-burst wakeups preempted hogs of their class" "${w_on:-0}" 100
 zernel_stop INT
 assert_eq "SIGINT: scx_zernel exits 0" "$ZRC" 0
 assert_eq "state is disabled after exit" "$(sched_state)" disabled
 check "dmesg is clean after detach" dmesg_clean
+
+printf '[scheduler]\nwakeup_preempt_us = 0\n' >/tmp/nowake.toml
+zernel_start /tmp/nowake.toml || finish
+w_off=$(wake_round)
+echo "the same with wakeup_preempt_us = 0: $w_off wakeups preempted a hog"
+assert_eq "wakeup_preempt_us = 0 reaches the kernel: no wakeup preempts" "$w_off" 0
+zernel_stop INT
+assert_eq "SIGINT: scx_zernel exits 0" "$ZRC" 0
 finish
