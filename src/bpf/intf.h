@@ -63,7 +63,7 @@ struct task_class {
 	s32	tenant;		/* tenant index, -1 = none */
 	u32	pad;
 	u64	start_ticks;	/* task start time in USER_HZ ticks */
-	u64	applied;	/* written by BPF: times this entry was applied */
+	u64	applied;	/* written by BPF: times this entry was looked up (once per wakeup or enqueue) */
 };
 
 /* Per-class counters. */
@@ -79,8 +79,8 @@ enum zernel_class_stat {
 
 /* Global counters. */
 enum zernel_global_stat {
-	ZGSTAT_MAP_HIT = 0,	/* enqueues that found a task_class entry */
-	ZGSTAT_MAP_MISS,	/* enqueues with no entry (default class) */
+	ZGSTAT_MAP_HIT = 0,	/* lookups (one per wakeup or enqueue) that found an entry */
+	ZGSTAT_MAP_MISS,	/* lookups with no entry (default class) */
 	ZGSTAT_MAP_STALE,	/* entries dropped: TID recycled */
 	ZGSTAT_PREF_CPU,	/* select_cpu used the preferred CPU */
 	ZGSTAT_PREF_NODE,	/* select_cpu found an idle CPU on the preferred node */

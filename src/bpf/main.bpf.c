@@ -105,6 +105,12 @@ u64 vtime_now;
 struct task_ctx {
 	u32	class;
 	s32	tenant;
+	/*
+	 * The decision select_cpu looked up for a wakeup it left to enqueue
+	 * (no idle CPU): enqueue uses it instead of a second lookup.
+	 */
+	struct task_class dec;
+	u32	dec_state;	/* enum dec_state */
 	u64	started_at;	/* when it last started running, 0 = not running */
 	u64	burst_ns;	/* CPU time since it last woke */
 	u64	avg_burst_ns;	/* moving average of burst_ns at each sleep */
@@ -116,6 +122,12 @@ struct {
 	__type(key, int);
 	__type(value, struct task_ctx);
 } task_ctxs SEC(".maps");
+
+enum dec_state {
+	DEC_NONE = 0,	/* nothing carried over: enqueue looks up */
+	DEC_HIT,	/* dec holds the decision */
+	DEC_MISS,	/* there is no decision (default class) */
+};
 
 /*
  * What each CPU runs: preemption picks a CPU running a lower class, or one
@@ -214,17 +226,13 @@ static __always_inline u64 slice_of(const struct task_class *tc, u32 class)
 	return SCX_SLICE_DFL;
 }
 
-static __always_inline struct task_ctx *remember(struct task_struct *p,
-						 u32 class, s32 tenant)
+static __always_inline void remember(struct task_ctx *tctx, u32 class,
+				     s32 tenant)
 {
-	struct task_ctx *tctx;
-
-	tctx = bpf_task_storage_get(&task_ctxs, p, 0, 0);
 	if (tctx) {
 		tctx->class = class;
 		tctx->tenant = tenant;
 	}
-	return tctx;
 }
 
 /* The tenant @tc puts its task in, -1 for none. */
@@ -289,6 +297,7 @@ static bool node_saturated(u32 node)
 s32 BPF_STRUCT_OPS(zernel_select_cpu, struct task_struct *p, s32 prev_cpu,
 		   u64 wake_flags)
 {
+	struct task_ctx *tctx = bpf_task_storage_get(&task_ctxs, p, 0, 0);
 	struct task_class *tc = lookup_decision(p);
 	u32 class = class_of(tc);
 	bool is_idle = false;
@@ -314,15 +323,22 @@ s32 BPF_STRUCT_OPS(zernel_select_cpu, struct task_struct *p, s32 prev_cpu,
 
 	/* 3. The kernel's choice near prev_cpu: prev, its LLC, node, any. */
 	cpu = scx_bpf_select_cpu_dfl(p, prev_cpu, wake_flags, &is_idle);
-	if (!is_idle)
+	if (!is_idle) {
+		/* enqueue follows: hand it the decision. */
+		if (tctx) {
+			tctx->dec_state = tc ? DEC_HIT : DEC_MISS;
+			if (tc)
+				tctx->dec = *tc;
+		}
 		return cpu;
+	}
 	stat_glob(node_of(cpu) == node_of(prev_cpu) ? ZGSTAT_IDLE_NEAR :
 						      ZGSTAT_IDLE_FAR);
 direct:
 	scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL, slice_of(tc, class), 0);
 	stat_cls(class, ZSTAT_ENQUEUED);
 	stat_cls(class, ZSTAT_DIRECT);
-	remember(p, class, tenant_of(tc, class));
+	remember(tctx, class, tenant_of(tc, class));
 	return cpu;
 }
 
@@ -412,15 +428,24 @@ static s32 wake_victim(struct task_struct *p, u32 class, s32 tenant, u64 now)
 
 void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 {
-	struct task_class *tc = lookup_decision(p);
-	u32 class = class_of(tc);
-	u64 slice = slice_of(tc, class);
-	u64 now = bpf_ktime_get_ns(), dsq;
-	struct task_ctx *tctx;
+	struct task_ctx *tctx = bpf_task_storage_get(&task_ctxs, p, 0, 0);
+	u64 now = bpf_ktime_get_ns(), slice, dsq;
+	struct task_class *tc;
 	s32 node, cpu, idle, tenant;
+	u32 class;
 
+	/* A wakeup's decision, looked up by select_cpu; else look it up. */
+	if (tctx && tctx->dec_state != DEC_NONE &&
+	    (enq_flags & SCX_ENQ_WAKEUP))
+		tc = tctx->dec_state == DEC_HIT ? &tctx->dec : NULL;
+	else
+		tc = lookup_decision(p);
+	if (tctx)
+		tctx->dec_state = DEC_NONE;
+	class = class_of(tc);
+	slice = slice_of(tc, class);
 	tenant = tenant_of(tc, class);
-	tctx = remember(p, class, tenant);
+	remember(tctx, class, tenant);
 	stat_cls(class, ZSTAT_ENQUEUED);
 
 	/*
@@ -443,24 +468,6 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	node = tc && tc->node >= 0 && tc->node < nr_nodes ?
 		tc->node : node_of(scx_bpf_task_cpu(p));
 
-	/*
-	 * An idle CPU, the task's node first. It is not claimed, so that it
-	 * still counts as idle for node_saturated() until it has taken work.
-	 * None idle: a short-burst wakeup may cut a long-running task short.
-	 */
-	idle = find_idle(p, node);
-	if (idle < 0 && wake_preempt_ns && (enq_flags & SCX_ENQ_WAKEUP) &&
-	    class < ZCLASS_BATCH && tctx &&
-	    tctx->avg_burst_ns < wake_preempt_ns) {
-		cpu = wake_victim(p, class, tenant, now);
-		if (cpu >= 0) {
-			scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL_ON | cpu, slice,
-					   enq_flags | SCX_ENQ_PREEMPT);
-			stat_cls(class, ZSTAT_WAKE_PREEMPT);
-			return;
-		}
-	}
-
 	if (tenant >= 0) {
 		u64 *vt = &tenant_vtime[tenant & (ZERNEL_MAX_TENANTS - 1)];
 
@@ -477,6 +484,29 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	} else {
 		dsq = dsq_id(node, class);
 	}
+
+	/*
+	 * An idle CPU, the task's node first. It is not claimed, so that it
+	 * still counts as idle for node_saturated() until it has taken work.
+	 * None idle: a short-burst wakeup may cut a long-running task short,
+	 * unless its queue already holds as many tasks as there are CPUs: an
+	 * overloaded queue is served in order (else the tasks cut short would
+	 * go to the back of it again and again).
+	 */
+	idle = find_idle(p, node);
+	if (idle < 0 && wake_preempt_ns && (enq_flags & SCX_ENQ_WAKEUP) &&
+	    class < ZCLASS_BATCH && tctx &&
+	    tctx->avg_burst_ns < wake_preempt_ns &&
+	    scx_bpf_dsq_nr_queued(dsq) < nr_cpus) {
+		cpu = wake_victim(p, class, tenant, now);
+		if (cpu >= 0) {
+			scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL_ON | cpu, slice,
+					   enq_flags | SCX_ENQ_PREEMPT);
+			stat_cls(class, ZSTAT_WAKE_PREEMPT);
+			return;
+		}
+	}
+
 	scx_bpf_dsq_insert_vtime(p, dsq, slice, now, enq_flags);
 
 	/* Work conservation: wake the idle CPU. */
