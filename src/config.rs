@@ -109,9 +109,10 @@ pub struct SchedulerConfig {
     /// higher class: the bound on how long a lower class can be starved.
     pub starvation_bound_ms: u64,
     /// A thread that runs in short bursts (on average less than this between
-    /// sleeps) and wakes when no CPU is idle cuts short the task of its class
-    /// or a lower one that has run longest, if that one has run at least
-    /// this long (0 = never: a wakeup waits for a slice to end).
+    /// sleeps) and wakes when no CPU is idle, with fewer tasks queued in its
+    /// class than there are CPUs, takes its own CPU from a task of its class
+    /// or a lower one that runs in long bursts (a hog), or that has run for a
+    /// quarter of this (0 = never: a wakeup waits for a slice to end).
     pub wakeup_preempt_us: u64,
     /// Capacity of the per-thread decision map. When it is full, further
     /// threads keep the default class and `map_full` counts them.

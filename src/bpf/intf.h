@@ -26,8 +26,6 @@ enum zernel_consts {
 	ZERNEL_TASK_MAP_DEFAULT	= 65536,
 	/* USER_HZ: /proc/<pid>/stat start times are in these ticks. */
 	ZERNEL_USER_HZ		= 100,
-	/* CPUs a wakeup looks at for a task to cut short (wake_preempt). */
-	ZERNEL_PREEMPT_SCAN	= 64,
 };
 
 /*

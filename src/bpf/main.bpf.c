@@ -11,10 +11,10 @@
  *              └─ idle CPU found: straight to its local queue
  *   enqueue ─> zernel_enqueue: preempt flag and a CPU running a lower class?
  *              └─ yes: head of that CPU's local queue, current task preempted
- *              └─ no idle CPU, a short-burst wakeup and a CPU whose task
- *                 (same class or lower) is a hog or ran long enough: head
- *                 of that CPU's local queue, its task preempted
- *                 (wake_victim)
+ *              └─ no idle CPU, a short-burst wakeup, a short queue, and
+ *                 its own CPU runs a hog of its class or lower (or a task
+ *                 that ran long enough): head of that CPU's local queue,
+ *                 the hog preempted (wake_victim)
  *              └─ else: dsq[node][class], FIFO (vtime = enqueue time);
  *                      kick an idle CPU, its node first
  *   slice end ─> zernel_enqueue again (SCX_OPS_ENQ_LAST): a task that runs
@@ -130,8 +130,9 @@ enum dec_state {
 };
 
 /*
- * What each CPU runs: preemption picks a CPU running a lower class, or one
- * whose task has run for wake_preempt_ns.
+ * What each CPU runs: a wakeup with the preempt flag picks a CPU running a
+ * lower class; a short-burst wakeup one running a hog, or a task that has
+ * run for wake_preempt_ns / 4 (wake_victim).
  */
 struct cpu_ctx {
 	u32	class;
@@ -368,62 +369,48 @@ static s32 find_victim(struct task_struct *p, u32 class)
  * Wakeup preemption, EEVDF-like. A task that runs in short bursts (less than
  * wake_preempt_ns between sleeps, on average) and wakes when no CPU is idle
  * would otherwise wait for some CPU's slice to end (and slices end at
- * scheduler ticks). Instead it takes a CPU whose task is of its class or a
- * lower one and either runs in long bursts (a CPU hog: it has used
- * wake_preempt_ns since it last woke, or does on average) or has run for a
- * quarter of wake_preempt_ns. Its own CPU first (usually the CPU handling
- * the wakeup: no IPI), else the one whose task has run longest.
+ * scheduler ticks). Instead it takes its own CPU (the one it last ran on,
+ * where select_cpu left it: usually the CPU handling the wakeup, so no IPI)
+ * if the task running there is of its class or a lower one and either runs
+ * in long bursts (a CPU hog: it has used wake_preempt_ns since it last woke,
+ * or does on average) or has run for a quarter of wake_preempt_ns.
  *
- *   short-burst wakeup, no idle CPU
+ *   short-burst wakeup, no idle CPU, fewer tasks queued than CPUs
  *     └─> own CPU: class >= its class, and a hog or ran >= wake_preempt_ns/4?
- *         └─ no: the longest-running such CPU (at most ZERNEL_PREEMPT_SCAN)
- *     └─> head of that CPU's local queue, its task preempted; the CPU is
- *         claimed (started_at = 0) until its next task starts
+ *         └─ yes: head of its local queue, its task preempted; the CPU is
+ *                 claimed (started_at = 0) until its next task starts
+ *         └─ no:  the class queue, like any other task
+ *
+ * Only its own CPU: looking further afield made the tail latency worse
+ * (an IPI to a busy CPU, where the task would soon have found its own CPU
+ * free) and each wakeup dearer.
  *
  * What bounds it: only short-burst tasks preempt, so a hog loses at most a
  * short burst per wakeup; two short-burst tasks take turns no faster than
- * every wake_preempt_ns / 4; batch tasks never preempt; a task in a tenant
- * preempts only tasks of its own tenant (between tenants the weights
- * decide), a task outside tenants any of its class or lower. A preempted
- * task goes back to its queue, where the starvation bound covers it.
- * Returns the CPU, -1 if none qualifies.
+ * every wake_preempt_ns / 4; nobody preempts while the wakee's queue holds
+ * as many tasks as there are CPUs (zernel_enqueue); batch tasks never
+ * preempt; a task in a tenant preempts only tasks of its own tenant (between
+ * tenants the weights decide), a task outside tenants any of its class or
+ * lower. A preempted task goes back to its queue, where the starvation bound
+ * covers it. Returns the CPU, -1 if it does not qualify.
  */
 static s32 wake_victim(struct task_struct *p, u32 class, s32 tenant, u64 now)
 {
-	s32 start = scx_bpf_task_cpu(p), best = -1;
-	u64 min_start = now - wake_preempt_ns / 4, best_start = 0;
+	s32 cpu = scx_bpf_task_cpu(p);
 	struct cpu_ctx *cctx;
-	u32 i, zero = 0;
+	u32 zero = 0;
 
-	bpf_for(i, 0, nr_cpus) {
-		s32 cpu = (start + i) % nr_cpus;
-
-		if (i >= ZERNEL_PREEMPT_SCAN)
-			break;
-		if (!bpf_cpumask_test_cpu(cpu, p->cpus_ptr))
-			continue;
-		cctx = bpf_map_lookup_percpu_elem(&cpu_ctxs, &zero, cpu);
-		if (!cctx || !cctx->started_at || cctx->class < class ||
-		    (tenant >= 0 && cctx->tenant != tenant))
-			continue;
-		if (!cctx->long_burst &&
-		    (s64)(cctx->started_at - min_start) > 0)
-			continue;
-		if (!i) {
-			best = cpu;	/* its own CPU qualifies */
-			break;
-		}
-		if (best < 0 || (s64)(cctx->started_at - best_start) < 0) {
-			best = cpu;
-			best_start = cctx->started_at;
-		}
-	}
-	if (best < 0)
+	if (!bpf_cpumask_test_cpu(cpu, p->cpus_ptr))
 		return -1;
-	cctx = bpf_map_lookup_percpu_elem(&cpu_ctxs, &zero, best);
-	if (cctx)
-		cctx->started_at = 0;
-	return best;
+	cctx = bpf_map_lookup_percpu_elem(&cpu_ctxs, &zero, cpu);
+	if (!cctx || !cctx->started_at || cctx->class < class ||
+	    (tenant >= 0 && cctx->tenant != tenant))
+		return -1;
+	if (!cctx->long_burst &&
+	    (s64)(now - cctx->started_at) < (s64)(wake_preempt_ns / 4))
+		return -1;
+	cctx->started_at = 0;
+	return cpu;
 }
 
 void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
