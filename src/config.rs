@@ -79,12 +79,7 @@ pub struct SliceConfig {
 
 impl Default for SliceConfig {
     fn default() -> Self {
-        Self {
-            latency: 2000,
-            ml: 4000,
-            normal: 3000,
-            batch: 8000,
-        }
+        Self { latency: 2000, ml: 4000, normal: 3000, batch: 8000 }
     }
 }
 
@@ -148,9 +143,7 @@ impl SchedulerConfig {
                 self.starvation_bound_ms
             ));
         }
-        if self.wakeup_preempt_us != 0
-            && !(SLICE_US_RANGE.0..=SLICE_US_RANGE.1).contains(&self.wakeup_preempt_us)
-        {
+        if self.wakeup_preempt_us != 0 && !(SLICE_US_RANGE.0..=SLICE_US_RANGE.1).contains(&self.wakeup_preempt_us) {
             return Err(format!(
                 "scheduler.wakeup_preempt_us = {} is out of range: 0 (off) or {}..={}",
                 self.wakeup_preempt_us, SLICE_US_RANGE.0, SLICE_US_RANGE.1
@@ -206,10 +199,7 @@ impl std::error::Error for ConfigError {}
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
-    let col = before
-        .rfind('\n')
-        .map_or(before.len(), |nl| before.len() - nl - 1)
-        + 1;
+    let col = before.rfind('\n').map_or(before.len(), |nl| before.len() - nl - 1) + 1;
     (line, col)
 }
 
@@ -226,8 +216,7 @@ impl Config {
                 None => ConfigError(format!("{origin}: {msg}")),
             }
         })?;
-        cfg.validate()
-            .map_err(|e| ConfigError(format!("{origin}: {e}")))?;
+        cfg.validate().map_err(|e| ConfigError(format!("{origin}: {e}")))?;
         Ok(cfg)
     }
 
@@ -281,12 +270,9 @@ mod tests {
 
     #[test]
     fn unknown_key_names_file_line_and_key() {
-        let e = Config::parse(
-            "[scheduler]\nstarvation_bound_ms = 10\nbogus = 1\n",
-            "a.toml",
-        )
-        .unwrap_err()
-        .0;
+        let e = Config::parse("[scheduler]\nstarvation_bound_ms = 10\nbogus = 1\n", "a.toml")
+            .unwrap_err()
+            .0;
         assert!(e.starts_with("a.toml:3:1: "), "{e}");
         assert!(e.contains("bogus"), "{e}");
         assert!(!e.contains('\n'));
@@ -300,9 +286,7 @@ mod tests {
 
     #[test]
     fn bad_class_value_is_rejected() {
-        let e = Config::parse("[scheduler]\ndefault_class = \"nope\"\n", "c.toml")
-            .unwrap_err()
-            .0;
+        let e = Config::parse("[scheduler]\ndefault_class = \"nope\"\n", "c.toml").unwrap_err().0;
         assert!(e.starts_with("c.toml:2:"), "{e}");
         assert!(e.contains("nope"), "{e}");
     }
@@ -310,53 +294,25 @@ mod tests {
     #[test]
     fn absurd_values_are_rejected_with_key() {
         for (text, key) in [
-            (
-                "[scheduler]\nstarvation_bound_ms = 0\n",
-                "scheduler.starvation_bound_ms",
-            ),
-            (
-                "[scheduler]\ntask_map_size = 1000000000\n",
-                "scheduler.task_map_size",
-            ),
-            (
-                "[scheduler.slice_us]\nbatch = 0\n",
-                "scheduler.slice_us.batch",
-            ),
-            (
-                "[scheduler]\nwakeup_preempt_us = 10\n",
-                "scheduler.wakeup_preempt_us",
-            ),
-            (
-                "[scheduler]\nwakeup_preempt_us = 5000000\n",
-                "scheduler.wakeup_preempt_us",
-            ),
+            ("[scheduler]\nstarvation_bound_ms = 0\n", "scheduler.starvation_bound_ms"),
+            ("[scheduler]\ntask_map_size = 1000000000\n", "scheduler.task_map_size"),
+            ("[scheduler.slice_us]\nbatch = 0\n", "scheduler.slice_us.batch"),
+            ("[scheduler]\nwakeup_preempt_us = 10\n", "scheduler.wakeup_preempt_us"),
+            ("[scheduler]\nwakeup_preempt_us = 5000000\n", "scheduler.wakeup_preempt_us"),
         ] {
             let e = Config::parse(text, "d.toml").unwrap_err().0;
             assert!(e.starts_with("d.toml: ") && e.contains(key), "{e}");
         }
         // 0 turns wakeup preemption off; it is not out of range.
-        assert_eq!(
-            Config::parse("[scheduler]\nwakeup_preempt_us = 0\n", "f.toml")
-                .unwrap()
-                .scheduler
-                .wakeup_preempt_us,
-            0
-        );
-        let e = Config::parse("[scheduler]\nstarvation_bound_ms = -5\n", "e.toml")
-            .unwrap_err()
-            .0;
+        assert_eq!(Config::parse("[scheduler]\nwakeup_preempt_us = 0\n", "f.toml").unwrap().scheduler.wakeup_preempt_us, 0);
+        let e = Config::parse("[scheduler]\nstarvation_bound_ms = -5\n", "e.toml").unwrap_err().0;
         assert!(e.starts_with("e.toml:2:"), "{e}");
     }
 
     #[test]
     fn missing_file_names_path() {
-        let e = Config::load(Path::new("/nonexistent/zernel.toml"))
-            .unwrap_err()
-            .0;
-        assert!(
-            e.starts_with("/nonexistent/zernel.toml: cannot read config"),
-            "{e}"
-        );
+        let e = Config::load(Path::new("/nonexistent/zernel.toml")).unwrap_err().0;
+        assert!(e.starts_with("/nonexistent/zernel.toml: cannot read config"), "{e}");
     }
 
     #[test]
@@ -389,20 +345,8 @@ mod fuzz {
         }
     }
 
-    const TOKENS: [&str; 12] = [
-        "=",
-        "[",
-        "]",
-        "\"",
-        "\n",
-        "-1",
-        "1e309",
-        "[[rules]]",
-        "class = \"x\"",
-        "{",
-        "18446744073709551616",
-        "\u{0}",
-    ];
+    const TOKENS: [&str; 12] =
+        ["=", "[", "]", "\"", "\n", "-1", "1e309", "[[rules]]", "class = \"x\"", "{", "18446744073709551616", "\u{0}"];
 
     #[test]
     fn no_input_panics_and_errors_are_one_line() {
@@ -437,9 +381,6 @@ mod fuzz {
                 }
             }
         }
-        assert!(
-            ok > 0 && err > 0,
-            "mutations should give both outcomes: {ok} ok, {err} errors"
-        );
+        assert!(ok > 0 && err > 0, "mutations should give both outcomes: {ok} ok, {err} errors");
     }
 }

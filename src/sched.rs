@@ -18,9 +18,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, OpenObject};
 use log::{info, warn};
-use scx_utils::{
-    compat, scx_ops_attach, scx_ops_load, scx_ops_open, uei_exited, uei_report, UserExitInfo,
-};
+use scx_utils::{compat, scx_ops_attach, scx_ops_load, scx_ops_open, uei_exited, uei_report, UserExitInfo};
 
 use crate::bpf_intf;
 use crate::bpf_skel::{BpfSkel, BpfSkelBuilder};
@@ -44,11 +42,7 @@ pub fn check_kernel() -> Result<()> {
         let ops = std::fs::read_to_string(root.join("root/ops")).unwrap_or_default();
         bail!(
             "another sched_ext scheduler ({}) is {}; stop it first",
-            if ops.trim().is_empty() {
-                "unknown"
-            } else {
-                ops.trim()
-            },
+            if ops.trim().is_empty() { "unknown" } else { ops.trim() },
             state.trim()
         );
     }
@@ -62,11 +56,7 @@ pub fn check_kernel() -> Result<()> {
 fn encode(d: &Decision, start_ticks: u64) -> bpf_intf::task_class {
     bpf_intf::task_class {
         class: d.class.index(),
-        flags: if d.preempt {
-            bpf_intf::zernel_task_flags_ZFLAG_PREEMPT
-        } else {
-            0
-        },
+        flags: if d.preempt { bpf_intf::zernel_task_flags_ZFLAG_PREEMPT } else { 0 },
         slice_ns: d.slice_ns,
         cpu: d.cpu,
         node: d.node,
@@ -103,36 +93,18 @@ pub struct Counters {
 }
 
 /// Names of the per-class counters, in `enum zernel_class_stat` order.
-pub const CLASS_STAT_NAMES: [&str; 6] = [
-    "enqueued",
-    "dispatched",
-    "direct",
-    "preempted",
-    "starved",
-    "wake_preempt",
-];
+pub const CLASS_STAT_NAMES: [&str; 6] = ["enqueued", "dispatched", "direct", "preempted", "starved", "wake_preempt"];
 /// Names of the global counters, in `enum zernel_global_stat` order.
 pub const GLOBAL_STAT_NAMES: [&str; 11] = [
-    "map_hit",
-    "map_miss",
-    "map_stale",
-    "pref_cpu",
-    "pref_node",
-    "idle_near",
-    "idle_far",
-    "steal",
-    "kick",
-    "exit_del",
-    "tenant_dispatch",
+    "map_hit", "map_miss", "map_stale", "pref_cpu", "pref_node", "idle_near", "idle_far", "steal", "kick",
+    "exit_del", "tenant_dispatch",
 ];
 
 impl Counters {
     fn from_percpu(vals: &[Vec<u8>]) -> Counters {
         let mut c = Counters::default();
         for v in vals {
-            let Some(s) = from_bytes::<bpf_intf::zernel_stats>(v) else {
-                continue;
-            };
+            let Some(s) = from_bytes::<bpf_intf::zernel_stats>(v) else { continue };
             for (dst, src) in c.class.iter_mut().zip(s.cls.iter()) {
                 for (d, x) in dst.iter_mut().zip(src.iter()) {
                     *d += x;
@@ -236,11 +208,8 @@ impl<'a> Scheduler<'a> {
         let builder = BpfSkelBuilder::default();
         let mut skel = scx_ops_open!(builder, open_object, zernel_ops, None)?;
 
-        let nr_cpus =
-            (*scx_utils::NR_CPU_IDS).min(bpf_intf::zernel_consts_ZERNEL_MAX_CPUS as usize);
-        let nr_nodes = topo
-            .nr_nodes()
-            .clamp(1, bpf_intf::zernel_consts_ZERNEL_MAX_NODES as usize);
+        let nr_cpus = (*scx_utils::NR_CPU_IDS).min(bpf_intf::zernel_consts_ZERNEL_MAX_CPUS as usize);
+        let nr_nodes = topo.nr_nodes().clamp(1, bpf_intf::zernel_consts_ZERNEL_MAX_NODES as usize);
         let numa = nr_nodes > 1;
         let rodata = skel.maps.rodata_data.as_mut().unwrap();
         for class in Class::ALL {
@@ -260,43 +229,28 @@ impl<'a> Scheduler<'a> {
         let ops = skel.struct_ops.zernel_ops_mut();
         // ENQ_LAST: a task alone on its CPU still passes through enqueue at
         // every slice end, so that it can move to its preferred node.
-        ops.flags = *compat::SCX_OPS_ENQ_LAST
-            | if numa {
-                *compat::SCX_OPS_BUILTIN_IDLE_PER_NODE
-            } else {
-                0
-            };
+        ops.flags = *compat::SCX_OPS_ENQ_LAST | if numa { *compat::SCX_OPS_BUILTIN_IDLE_PER_NODE } else { 0 };
 
         let skel = scx_ops_load!(skel, zernel_ops, uei)?;
-        let mut sched = Scheduler {
-            skel,
-            link: None,
-            pin_dir: None,
-            nr_tenants: tenants.len(),
-        };
+        let mut sched = Scheduler { skel, link: None, pin_dir: None, nr_tenants: tenants.len() };
         sched.set_tenant_weights(tenants)?;
         if !cfg.pin_dir.is_empty() {
             sched.pin(Path::new(&cfg.pin_dir))?;
         }
         sched.link = Some(scx_ops_attach!(sched.skel, zernel_ops)?);
         info!(
-            "scx_zernel attached: {nr_cpus} CPUs, {nr_nodes} node(s), starvation bound {} ms, wakeup preemption after {} us, map {} entries",
+            "scx_zernel attached: {nr_cpus} CPUs, {nr_nodes} node(s), starvation bound {} ms, wakeup_preempt_us {}, map {} entries",
             cfg.starvation_bound_ms, cfg.wakeup_preempt_us, cfg.task_map_size
         );
         Ok(sched)
     }
 
     fn pin(&mut self, dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating pin directory {}", dir.display()))?;
-        for (name, map) in [
-            ("task_class", &mut self.skel.maps.task_class),
-            ("stats", &mut self.skel.maps.stats),
-        ] {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating pin directory {}", dir.display()))?;
+        for (name, map) in [("task_class", &mut self.skel.maps.task_class), ("stats", &mut self.skel.maps.stats)] {
             let p = dir.join(name);
             let _ = std::fs::remove_file(&p); // a stale pin from a killed run
-            map.pin(&p)
-                .with_context(|| format!("pinning {}", p.display()))?;
+            map.pin(&p).with_context(|| format!("pinning {}", p.display()))?;
         }
         self.pin_dir = Some(dir.to_path_buf());
         Ok(())
@@ -305,31 +259,21 @@ impl<'a> Scheduler<'a> {
     /// Writes one thread's decision.
     pub fn write(&self, tid: u32, start_ticks: u64, d: &Decision) -> Result<(), WriteError> {
         let v = encode(d, start_ticks);
-        self.skel
-            .maps
-            .task_class
-            .update(&tid.to_ne_bytes(), as_bytes(&v), MapFlags::ANY)
-            .map_err(|e| match e.kind() {
+        self.skel.maps.task_class.update(&tid.to_ne_bytes(), as_bytes(&v), MapFlags::ANY).map_err(|e| {
+            match e.kind() {
                 libbpf_rs::ErrorKind::TooBig => WriteError::Full,
                 _ => WriteError::Other(e.to_string()),
-            })
+            }
+        })
     }
 
     /// Writes the tenants' weights (same tenant count as at load).
     pub fn set_tenant_weights(&self, tenants: &Tenants) -> Result<()> {
         if tenants.len() != self.nr_tenants {
-            bail!(
-                "the number of tenants changed ({} -> {}): restart scx_zernel to apply",
-                self.nr_tenants,
-                tenants.len()
-            );
+            bail!("the number of tenants changed ({} -> {}): restart scx_zernel to apply", self.nr_tenants, tenants.len());
         }
         for (i, w) in tenants.weights().iter().enumerate() {
-            self.skel.maps.tenant_weight.update(
-                &(i as u32).to_ne_bytes(),
-                &w.to_ne_bytes(),
-                MapFlags::ANY,
-            )?;
+            self.skel.maps.tenant_weight.update(&(i as u32).to_ne_bytes(), &w.to_ne_bytes(), MapFlags::ANY)?;
         }
         Ok(())
     }
@@ -386,17 +330,10 @@ impl Pinned {
     pub fn open(dir: &Path) -> Result<Pinned> {
         let open = |name: &str| {
             let p = dir.join(name);
-            MapHandle::from_pinned_path(&p).map_err(|e| {
-                anyhow!(
-                    "{}: {e} (is scx_zernel running, and are you root?)",
-                    p.display()
-                )
-            })
+            MapHandle::from_pinned_path(&p)
+                .map_err(|e| anyhow!("{}: {e} (is scx_zernel running, and are you root?)", p.display()))
         };
-        Ok(Pinned {
-            task_class: open("task_class")?,
-            stats: open("stats")?,
-        })
+        Ok(Pinned { task_class: open("task_class")?, stats: open("stats")? })
     }
 
     pub fn counters(&self) -> Result<Counters> {

@@ -49,16 +49,8 @@ impl TenantMetrics {
             .iter()
             .zip(weights)
             .map(|(&u, &w)| {
-                let share = if used > 0 {
-                    u as f64 * 100.0 / used as f64
-                } else {
-                    0.0
-                };
-                let entitled = if wsum > 0 {
-                    w as f64 * 100.0 / wsum as f64
-                } else {
-                    0.0
-                };
+                let share = if used > 0 { u as f64 * 100.0 / used as f64 } else { 0.0 };
+                let entitled = if wsum > 0 { w as f64 * 100.0 / wsum as f64 } else { 0.0 };
                 TenantMetrics {
                     weight: w as f64 / f64::from(crate::bpf_intf::zernel_consts_ZERNEL_WEIGHT_UNIT),
                     share_pct: share,
@@ -95,9 +87,7 @@ pub struct Metrics {
     pub direct: u64,
     #[stat(desc = "Wakeups that preempted a lower class (all classes)")]
     pub preempted: u64,
-    #[stat(
-        desc = "Wakeups that cut short a task that had run scheduler.wakeup_preempt_us (all classes)"
-    )]
+    #[stat(desc = "Short-burst wakeups that took their CPU back from a hog or a long-running task (all classes)")]
     pub wake_preempted: u64,
     #[stat(desc = "Dispatches forced by the starvation bound (all classes)")]
     pub starved: u64,
@@ -143,12 +133,7 @@ impl Metrics {
     /// Fills the kernel-side fields from the BPF counters.
     pub fn set_counters(&mut self, c: &Counters) {
         use crate::bpf_intf as i;
-        let sum = |stat: u32| {
-            Class::ALL
-                .iter()
-                .map(|&k| c.get(k, stat as usize))
-                .sum::<u64>()
-        };
+        let sum = |stat: u32| Class::ALL.iter().map(|&k| c.get(k, stat as usize)).sum::<u64>();
         let enq = i::zernel_class_stat_ZSTAT_ENQUEUED as usize;
         let disp = i::zernel_class_stat_ZSTAT_DISPATCHED as usize;
         self.latency_enqueued = c.get(Class::Latency, enq);
@@ -228,10 +213,7 @@ pub fn server_data() -> StatsServerData<(), Metrics> {
         let _ = (req_ch, res_ch);
         Ok(read)
     });
-    StatsServerData::new()
-        .add_meta(TenantMetrics::meta())
-        .add_meta(Metrics::meta())
-        .add_ops("top", StatsOps { open, close: None })
+    StatsServerData::new().add_meta(TenantMetrics::meta()).add_meta(Metrics::meta()).add_ops("top", StatsOps { open, close: None })
 }
 
 /// Prints the running scheduler's stats every `intv` (client side only).
@@ -252,19 +234,10 @@ mod tests {
     fn borrowed_and_lent_follow_use_against_entitlement() {
         // Weights 3:1; b idle: a uses everything, borrows b's 25%.
         let t = TenantMetrics::compute(&[1000, 0], &[3072, 1024]);
-        assert_eq!(
-            (t[0].share_pct, t[0].entitled_pct, t[0].borrowed_pct),
-            (100.0, 75.0, 25.0)
-        );
-        assert_eq!(
-            (t[1].share_pct, t[1].lent_pct, t[1].weight),
-            (0.0, 25.0, 1.0)
-        );
+        assert_eq!((t[0].share_pct, t[0].entitled_pct, t[0].borrowed_pct), (100.0, 75.0, 25.0));
+        assert_eq!((t[1].share_pct, t[1].lent_pct, t[1].weight), (0.0, 25.0, 1.0));
         // Nothing ran: no shares, nothing borrowed.
         let t = TenantMetrics::compute(&[0, 0], &[1024, 1024]);
-        assert_eq!(
-            (t[0].share_pct, t[0].borrowed_pct, t[0].lent_pct),
-            (0.0, 0.0, 50.0)
-        );
+        assert_eq!((t[0].share_pct, t[0].borrowed_pct, t[0].lent_pct), (0.0, 0.0, 50.0));
     }
 }

@@ -71,7 +71,7 @@ enum zernel_class_stat {
 	ZSTAT_DIRECT,		/* tasks sent straight to an idle CPU */
 	ZSTAT_PREEMPTED,	/* wakeups that preempted a lower class */
 	ZSTAT_STARVED,		/* dispatches forced by the starvation bound */
-	ZSTAT_WAKE_PREEMPT,	/* wakeups that cut short a task that ran >= wakeup_preempt_us */
+	ZSTAT_WAKE_PREEMPT,	/* short-burst wakeups that took their CPU back (wake_victim) */
 	ZSTAT_CLASS_NR,
 };
 
