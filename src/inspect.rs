@@ -7,6 +7,11 @@
 //! global <name> <value>              global counters
 //! tenant <name> cpu_ns <n>         CPU time used by each tenant's tasks
 //! map_entries <n> / map_capacity <n> task_class fill level
+//! tunable <key> <value>              what the loaded program was given: the
+//!                                    [scheduler] keys after --mode (slice_us.<class>,
+//!                                    starvation_bound_ms, wakeup_preempt_us,
+//!                                    default_class), and nr_cpus, nr_nodes, numa,
+//!                                    nr_tenants
 //! tid=<t> class=<c> slice_us=<n> cpu=<n> node=<n> tenant=<n> preempt=<0|1> applied=<n>   (--tid, --entries)
 //! ```
 
@@ -63,5 +68,17 @@ pub fn run(cfg: &Config, tid: Option<u32>, entries: bool) -> Result<()> {
     }
     println!("map_entries {}", maps.map_entries()?);
     println!("map_capacity {}", maps.map_capacity());
+    let t = maps.tunables()?;
+    for class in Class::ALL {
+        println!("tunable slice_us.{class} {}", t.slice_us[class.index() as usize]);
+    }
+    println!("tunable starvation_bound_ms {}", t.starvation_bound_ms);
+    println!("tunable wakeup_preempt_us {}", t.wakeup_preempt_us);
+    let default = Class::from_index(t.default_class).map_or_else(|| format!("#{}", t.default_class), |c| c.name().to_string());
+    println!("tunable default_class {default}");
+    println!("tunable nr_cpus {}", t.nr_cpus);
+    println!("tunable nr_nodes {}", t.nr_nodes);
+    println!("tunable numa {}", u8::from(t.numa));
+    println!("tunable nr_tenants {}", t.nr_tenants);
     Ok(())
 }

@@ -133,6 +133,56 @@ fn read_counters(map: &dyn MapCore) -> Result<Counters> {
     Ok(Counters::from_percpu(&vals))
 }
 
+/// The tunables the loaded BPF program holds (its read-only data, written
+/// before load), as read back from the kernel: the `[scheduler]` values
+/// after `--mode`, in the config's units.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tunables {
+    /// Per class, in `Class::ALL` order.
+    pub slice_us: [u64; 4],
+    pub starvation_bound_ms: u64,
+    pub wakeup_preempt_us: u64,
+    pub default_class: u32,
+    pub nr_cpus: u32,
+    pub nr_nodes: u32,
+    pub numa: bool,
+    pub nr_tenants: u32,
+}
+
+fn read_tunables(map: &dyn MapCore) -> Result<Tunables> {
+    let b = map
+        .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
+        .context("reading the tunables map")?
+        .unwrap_or_default();
+    decode_tunables(&b)
+}
+
+fn decode_tunables(b: &[u8]) -> Result<Tunables> {
+    use crate::bpf_skel::types::rodata;
+    use std::mem::offset_of;
+    // Field by field, at the skeleton's offsets: the kernel's copy of the
+    // section may be shorter than the generated type (its tail).
+    let bad = || anyhow!("the tunables map holds {} bytes, not this version's layout", b.len());
+    let at = |off: usize| b.get(off..).ok_or_else(bad);
+    let u64_at = |off: usize| from_bytes::<u64>(at(off)?).ok_or_else(bad);
+    let u32_at = |off: usize| from_bytes::<u32>(at(off)?).ok_or_else(bad);
+    let slices = offset_of!(rodata, class_slice_ns);
+    let mut slice_us = [0; 4];
+    for (i, s) in slice_us.iter_mut().enumerate() {
+        *s = u64_at(slices + 8 * i)? / 1000;
+    }
+    Ok(Tunables {
+        slice_us,
+        starvation_bound_ms: u64_at(offset_of!(rodata, starve_ns))? / 1_000_000,
+        wakeup_preempt_us: u64_at(offset_of!(rodata, wake_preempt_ns))? / 1000,
+        default_class: u32_at(offset_of!(rodata, default_class))?,
+        nr_cpus: u32_at(offset_of!(rodata, nr_cpus))?,
+        nr_nodes: u32_at(offset_of!(rodata, nr_nodes))?,
+        numa: *at(offset_of!(rodata, numa_enabled))?.first().ok_or_else(bad)? != 0,
+        nr_tenants: u32_at(offset_of!(rodata, nr_tenants))?,
+    })
+}
+
 /// One entry of the task_class map, as read back.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Entry {
@@ -247,7 +297,11 @@ impl<'a> Scheduler<'a> {
 
     fn pin(&mut self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating pin directory {}", dir.display()))?;
-        for (name, map) in [("task_class", &mut self.skel.maps.task_class), ("stats", &mut self.skel.maps.stats)] {
+        for (name, map) in [
+            ("task_class", &mut self.skel.maps.task_class),
+            ("stats", &mut self.skel.maps.stats),
+            ("tunables", &mut self.skel.maps.rodata),
+        ] {
             let p = dir.join(name);
             let _ = std::fs::remove_file(&p); // a stale pin from a killed run
             map.pin(&p).with_context(|| format!("pinning {}", p.display()))?;
@@ -305,7 +359,7 @@ impl<'a> Scheduler<'a> {
 
     fn unpin(&mut self) {
         if let Some(dir) = self.pin_dir.take() {
-            for name in ["task_class", "stats"] {
+            for name in PINNED {
                 let _ = std::fs::remove_file(dir.join(name));
             }
             let _ = std::fs::remove_dir(&dir);
@@ -324,7 +378,11 @@ impl Drop for Scheduler<'_> {
 pub struct Pinned {
     task_class: MapHandle,
     stats: MapHandle,
+    tunables: MapHandle,
 }
+
+/// The maps pinned under `scheduler.pin_dir`.
+const PINNED: [&str; 3] = ["task_class", "stats", "tunables"];
 
 impl Pinned {
     pub fn open(dir: &Path) -> Result<Pinned> {
@@ -333,7 +391,11 @@ impl Pinned {
             MapHandle::from_pinned_path(&p)
                 .map_err(|e| anyhow!("{}: {e} (is scx_zernel running, and are you root?)", p.display()))
         };
-        Ok(Pinned { task_class: open("task_class")?, stats: open("stats")? })
+        Ok(Pinned { task_class: open("task_class")?, stats: open("stats")?, tunables: open("tunables")? })
+    }
+
+    pub fn tunables(&self) -> Result<Tunables> {
+        read_tunables(&self.tunables)
     }
 
     pub fn counters(&self) -> Result<Counters> {
@@ -362,5 +424,58 @@ impl Pinned {
 pub fn warn_write(tid: u32, e: &WriteError) {
     if let WriteError::Other(msg) = e {
         warn!("task_class update for tid {tid} failed: {msg}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bpf_skel::types::rodata;
+    use std::mem::offset_of;
+
+    /// The bytes of a read-only data section as the kernel would hold them.
+    fn section(len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len];
+        let mut put = |off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
+        for (i, us) in [700u64, 1500, 2500, 20000].iter().enumerate() {
+            put(offset_of!(rodata, class_slice_ns) + 8 * i, &(us * 1000).to_ne_bytes());
+        }
+        put(offset_of!(rodata, starve_ns), &80_000_000u64.to_ne_bytes());
+        put(offset_of!(rodata, wake_preempt_ns), &400_000u64.to_ne_bytes());
+        put(offset_of!(rodata, default_class), &3u32.to_ne_bytes());
+        put(offset_of!(rodata, nr_cpus), &8u32.to_ne_bytes());
+        put(offset_of!(rodata, nr_nodes), &2u32.to_ne_bytes());
+        put(offset_of!(rodata, numa_enabled), &[1]);
+        put(offset_of!(rodata, nr_tenants), &3u32.to_ne_bytes());
+        b
+    }
+
+    #[test]
+    fn tunables_decode_in_config_units() {
+        let t = decode_tunables(&section(size_of::<rodata>())).unwrap();
+        assert_eq!(
+            t,
+            Tunables {
+                slice_us: [700, 1500, 2500, 20000],
+                starvation_bound_ms: 80,
+                wakeup_preempt_us: 400,
+                default_class: 3,
+                nr_cpus: 8,
+                nr_nodes: 2,
+                numa: true,
+                nr_tenants: 3,
+            }
+        );
+        // The kernel's copy may end before the generated type does.
+        let short = offset_of!(rodata, nr_tenants) + 4;
+        assert_eq!(decode_tunables(&section(short)).unwrap(), t);
+    }
+
+    #[test]
+    fn truncated_tunables_are_an_error_not_a_panic() {
+        for len in [0, 7, offset_of!(rodata, nr_tenants) + 3] {
+            let e = decode_tunables(&vec![0; len]).unwrap_err().to_string();
+            assert!(e.contains(&format!("holds {len} bytes")), "{e}");
+        }
     }
 }

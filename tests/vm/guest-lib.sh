@@ -150,6 +150,10 @@ zcounter_sum() {
 zglobal() {
   scx_zernel inspect 2>/dev/null | awk -v n="$1" '$1 == "global" && $2 == n { print $3 }'
 }
+# ztunable KEY : what the loaded program holds, e.g. `ztunable slice_us.batch`.
+ztunable() {
+  scx_zernel inspect 2>/dev/null | awk -v k="$1" '$1 == "tunable" && $2 == k { print $3 }'
+}
 # ztask TID FIELD : e.g. `ztask 123 class`; empty if the map has no entry.
 ztask() {
   scx_zernel inspect --tid "$1" 2>/dev/null | tr ' ' '\n' | awk -F= -v f="$2" '$1 == f { print substr($0, length(f) + 2) }'

@@ -26,6 +26,8 @@ gpu_node = [{ gpu = 0, node = 1 }]
 TOML
 
 zernel_start /tmp/numa.toml || finish
+assert_eq "the kernel holds nr_nodes 2" "$(ztunable nr_nodes)" 2
+assert_eq "the kernel holds numa 1" "$(ztunable numa)" 1
 
 # cpu_of TID : the CPU the thread last ran on (field 39 of stat).
 cpu_of() { sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f37; }

@@ -27,6 +27,7 @@ comm = "^zt_charged$"
 tenant = "b"
 TOML
 zernel_start /tmp/tenants.toml --stats 1 --metrics-addr 127.0.0.1:9093 || finish
+assert_eq "the kernel holds nr_tenants 2" "$(ztunable nr_tenants)" 2
 
 # hog_in CGROUP NAME : 8 spinners (twice the CPUs) named NAME inside CGROUP.
 hog_in() {
