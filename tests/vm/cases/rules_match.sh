@@ -1,0 +1,97 @@
+#!/bin/sh
+# vm: --smp 2 --mem 1G
+#
+# Every rule matcher, on real processes, to the kernel: a rule on the
+# command line, one on the parent's name, one on the uid, one on the gid
+# and one on the cgroup each give their own class (or slice), read back from
+# the task_class map; the hogs' thread names match no rule, so only the
+# field under test can have matched. A hog that matches nothing has no
+# entry. `observe` names the rule (its `name` label) for a matched thread.
+# shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
+. "$(dirname "$0")/../guest-lib.sh"
+
+grep -q '^nobody:' /etc/passwd || echo 'nobody:x:65534:65534:nobody:/:/bin/sh' >>/etc/passwd
+grep -q '^nogroup:' /etc/group || echo 'nogroup:x:65534:' >>/etc/group
+echo 'ztgid:x:4243:4242:zt:/:/bin/sh' >>/etc/passwd
+echo 'ztgrp:x:4242:' >>/etc/group
+mkdir -p /sys/fs/cgroup/zt_rules
+cat >/tmp/rm.toml <<'TOML'
+[[rules]]
+name = "by command line"
+cmdline = "--name zt_cmd "
+class = "batch"
+
+[[rules]]
+name = "by parent"
+parent_comm = "^zt_parent$"
+class = "latency"
+
+[[rules]]
+name = "by uid"
+uid = 65534
+class = "ml"
+
+[[rules]]
+name = "by gid"
+gid = 4242
+class = "batch"
+slice_us = 900
+
+[[rules]]
+name = "by cgroup"
+cgroup = "^/zt_rules$"
+class = "latency"
+slice_us = 600
+TOML
+zernel_start /tmp/rm.toml || finish
+
+S=60
+zernel-workload hog --name zt_cmd --secs $S --threads 1 &
+pids=$!
+printf '#!/bin/sh\nzernel-workload hog --name zt_child --secs %s --threads 1\n' $S >/tmp/zt_parent
+chmod +x /tmp/zt_parent
+/tmp/zt_parent &
+pids="$pids $!"
+su -s /bin/sh nobody -c "exec zernel-workload hog --name zt_uid --secs $S --threads 1" &
+pids="$pids $!"
+su -s /bin/sh ztgid -c "exec zernel-workload hog --name zt_gid --secs $S --threads 1" &
+pids="$pids $!"
+sh -c "echo \$\$ >/sys/fs/cgroup/zt_rules/cgroup.procs && exec zernel-workload hog --name zt_cg --secs $S --threads 1" &
+pids="$pids $!"
+zernel-workload hog --name zt_none --secs $S --threads 1 &
+pids="$pids $!"
+
+# The spinning thread of each (named NAME; the main thread may be too).
+tid_of() { tids_by_comm "$1" | tail -n 1; }
+all_up() { for n in zt_cmd zt_child zt_uid zt_gid zt_cg zt_none; do [ -n "$(tid_of $n)" ] || return 1; done; }
+wait_until 20 all_up
+check "all six hogs are running" all_up
+has_class() { [ "$(ztask "$(tid_of "$1")" class)" = "$2" ]; }
+expect() {   # expect NAME CLASS SLICE_US WHAT
+  wait_until 10 has_class "$1" "$2"
+  t=$(tid_of "$1")
+  assert_eq "$4: kernel holds class $2 for $1 ($t)" "$(ztask "$t" class)" "$2"
+  [ -n "$3" ] && assert_eq "$4: slice $3 us for $1" "$(ztask "$t" slice_us)" "$3"
+  return 0
+}
+expect zt_cmd batch "" "cmdline"
+expect zt_child latency "" "parent_comm"
+expect zt_uid ml "" "uid"
+expect zt_gid batch 900 "gid"
+expect zt_cg latency 600 "cgroup"
+t=$(tid_of zt_none)
+assert_eq "a hog that matches no rule has no entry ($t)" "$(ztask "$t" class)" ""
+
+scx_zernel observe --config /tmp/rm.toml --count 2 --interval-ms 1500 --json >/tmp/obs.json 2>/tmp/obs.err
+named() { tail -n 1 /tmp/obs.json | grep -q "\"name\":\"$1\""; }
+check "observe names the rule that matched (by parent)" named "by parent"
+check "observe names the rule that matched (by gid)" named "by gid"
+
+for d in /proc/[0-9]*; do
+  case "$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)" in "zernel-workload hog "*) kill "${d#/proc/}" 2>/dev/null ;; esac
+done
+for p in $pids; do wait "$p" 2>/dev/null; done
+zernel_stop INT
+assert_eq "SIGINT: exit 0" "$ZRC" 0
+check "dmesg is clean" dmesg_clean
+finish
