@@ -7,16 +7,25 @@
 # scx_zernel with the file GPU provider. Each of the four ML phases must be
 # detected on the right thread, and the class the kernel holds for that
 # thread (read back from the task_class map) must be the policy's class for
-# the phase. A plain shell loop must stay Unknown and get no entry.
+# the phase. A non-default policy row (DataLoading: preempt, 6000 us target)
+# reaches the kernel as its slice (half the target) and preempt flag. A
+# plain shell loop must stay Unknown and get no entry.
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
 W=/tmp/train
 mkdir -p "$W"
+# The DataLoading policy is not the default one (ml, no preempt, 8000 us):
+# the kernel must hold what the table says.
 cat >/tmp/phases.toml <<TOML
 [gpu]
 provider = "file"
 file = "$W/gpu.json"
+
+[policy.data_loading]
+class = "ml"
+preempt = true
+latency_target_us = 6000
 TOML
 
 zernel_start /tmp/phases.toml --log-level debug || finish
@@ -29,13 +38,13 @@ wait_until 10 sh -c "[ \$(ls /proc/$train/task 2>/dev/null | wc -l) -ge 4 ]"
 
 # Sample the kernel's class of every thread for ~20 s: one `inspect
 # --entries` a round, joined with the threads' names. One line a sample:
-# "<comm> <class>".
+# "<comm> <class> <slice_us> <preempt>".
 : >"$W/classes"
 end=$(( $(cut -d. -f1 /proc/uptime) + 20 ))
 while [ "$(cut -d. -f1 /proc/uptime)" -lt "$end" ] && alive "$train"; do
-  scx_zernel inspect --entries | while read -r tid class _; do
+  scx_zernel inspect --entries | while read -r tid class slice _ _ _ preempt _; do
     tid=${tid#tid=} class=${class#class=}
-    comm=$(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null) && echo "$comm $class"
+    comm=$(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null) && echo "$comm $class ${slice#slice_us=} ${preempt#preempt=}"
   done >>"$W/classes"
   sleep 0.2
 done
@@ -48,11 +57,13 @@ check "GpuCompute detected on the trainer (pt_main_thread)" saw pt_main_thread g
 check "OptimizerStep detected on the trainer (pt_main_thread)" saw pt_main_thread optimizer_step
 check "NcclCollective detected on NCCL Progress 0" saw "NCCL Progress 0" nccl_collective
 check "DataLoading detected on a DataLoader worker (pt_multiprocess)" saw pt_multiprocess data_loading
-held() { grep -q "^$1 $2\$" "$W/classes"; }
+held() { grep -q "^$1 $2 " "$W/classes"; }
 check "kernel holds class latency for the trainer (GpuCompute policy)" held pt_main_thread latency
 check "kernel holds class ml for the trainer (OptimizerStep policy)" held pt_main_thread ml
 check "kernel holds class latency for NCCL Progress 0 (NcclCollective policy)" held NCCL_Progress_0 latency
 check "kernel holds class ml for a DataLoader worker (DataLoading policy)" held pt_multiprocess ml
+check "kernel holds the configured DataLoading policy: slice 3000 us (target 6000), preempt" \
+  grep -q "^pt_multiprocess ml 3000 1\$" "$W/classes"
 no_loop_phase() { ! grep -q "phase tid=$loop " "$ZLOG"; }
 check "the shell loop never left Unknown" no_loop_phase
 assert_eq "the shell loop has no map entry" "$(ztask "$loop" class)" ""

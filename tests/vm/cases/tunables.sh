@@ -12,7 +12,9 @@
 # --mode lowlatency halves the slices and caps the starvation bound at
 # 20 ms; --mode server doubles the slices. task_map_size is the capacity of
 # the kernel's map: with 1200 threads matched by a rule and 1024 entries, the
-# map is full, the daemon says so once and map_full counts the rest.
+# map is full, the daemon says so once and map_full counts the rest. The
+# maps are pinned under pin_dir (and removed at exit); pin_dir = "" pins
+# nothing and inspect says so.
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
@@ -98,16 +100,19 @@ zernel_stop INT
 
 # 5. task_map_size is the capacity of the kernel's map; once it is full,
 # further threads keep the default class and map_full counts them.
+# Pinned under a pin_dir of its own this time.
 cat >/tmp/small.toml <<'TOML'
 [scheduler]
 task_map_size = 1024
+pin_dir = "/sys/fs/bpf/zt_custom"
 
 [[rules]]
 comm = "^idle_"
 class = "batch"
 TOML
 zernel_start /tmp/small.toml --stats 1 || finish
-inspect_val() { scx_zernel inspect 2>/dev/null | awk -v k="$1" '$1 == k { print $2 }'; }
+inspect_val() { scx_zernel inspect --config /tmp/small.toml 2>/dev/null | awk -v k="$1" '$1 == k { print $2 }'; }
+check "pin_dir: the maps are pinned where it says" sh -c "[ -e /sys/fs/bpf/zt_custom/task_class ] && [ -e /sys/fs/bpf/zt_custom/tunables ] && [ ! -e /sys/fs/bpf/scx_zernel ]"
 assert_eq "task_map_size reaches the kernel: map_capacity" "$(inspect_val map_capacity)" 1024
 zernel-workload threads --count 1200 --secs 120 >/tmp/thr.out 2>&1 &
 tp=$!
@@ -120,6 +125,17 @@ full=$(grep '^\[zernel\] enq' "$ZLOG" | tail -n 1 | awk '{ for (i = 1; i < NF; i
 echo "1200 threads matched by a rule, map of 1024: map_full ${full:-?}"
 assert_ge "map_full counts the threads left out (at least 176)" "${full:-0}" 176
 kill "$tp"; wait "$tp" 2>/dev/null
+zernel_stop INT
+assert_eq "SIGINT: exit 0" "$ZRC" 0
+check "pin_dir: removed on exit" sh -c "[ ! -e /sys/fs/bpf/zt_custom ]"
+
+# 6. pin_dir = "": nothing pinned, and inspect says why.
+printf '[scheduler]\npin_dir = ""\n' >/tmp/nopin.toml
+zernel_start /tmp/nopin.toml || finish
+check "pin_dir = \"\": nothing pinned" sh -c "[ ! -e /sys/fs/bpf/scx_zernel ] && [ ! -e /sys/fs/bpf/zt_custom ]"
+out=$(scx_zernel inspect --config /tmp/nopin.toml 2>&1); rc=$?
+echo "$out"
+check "pin_dir = \"\": inspect fails in one line naming the key" sh -c "[ $rc -ne 0 ] && echo '$out' | grep -q 'scheduler.pin_dir is empty'"
 zernel_stop INT
 assert_eq "SIGINT: exit 0" "$ZRC" 0
 check "dmesg is clean" dmesg_clean
