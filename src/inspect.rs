@@ -22,9 +22,14 @@ use anyhow::{bail, Result};
 use crate::config::{Class, Config};
 use crate::sched::{Entry, Pinned, CLASS_STAT_NAMES, GLOBAL_STAT_NAMES};
 
+/// A class index as the kernel holds it: its name, `#N` if it is none.
+fn class_name(index: u32) -> String {
+    Class::from_index(index).map_or_else(|| format!("#{index}"), |c| c.name().to_string())
+}
+
 /// One line describing a decision held by the kernel.
 pub fn format_entry(tid: u32, e: &Entry) -> String {
-    let class = Class::from_index(e.class).map_or_else(|| format!("#{}", e.class), |c| c.name().to_string());
+    let class = class_name(e.class);
     format!(
         "tid={tid} class={class} slice_us={} cpu={} node={} tenant={} preempt={} applied={}",
         e.slice_ns / 1000,
@@ -74,8 +79,7 @@ pub fn run(cfg: &Config, tid: Option<u32>, entries: bool) -> Result<()> {
     }
     println!("tunable starvation_bound_ms {}", t.starvation_bound_ms);
     println!("tunable wakeup_preempt_us {}", t.wakeup_preempt_us);
-    let default = Class::from_index(t.default_class).map_or_else(|| format!("#{}", t.default_class), |c| c.name().to_string());
-    println!("tunable default_class {default}");
+    println!("tunable default_class {}", class_name(t.default_class));
     println!("tunable nr_cpus {}", t.nr_cpus);
     println!("tunable nr_nodes {}", t.nr_nodes);
     println!("tunable numa {}", u8::from(t.numa));

@@ -150,6 +150,11 @@ zcounter_sum() {
 zglobal() {
   scx_zernel inspect 2>/dev/null | awk -v n="$1" '$1 == "global" && $2 == n { print $3 }'
 }
+# ensure_user NAME UID GID GROUP : a passwd and a group entry, for `su NAME`.
+ensure_user() {
+  grep -q "^$1:" /etc/passwd || echo "$1:x:$2:$3:$1:/:/bin/sh" >>/etc/passwd
+  grep -q "^$4:" /etc/group || echo "$4:x:$3:" >>/etc/group
+}
 # ztunable KEY : what the loaded program holds, e.g. `ztunable slice_us.batch`.
 ztunable() {
   scx_zernel inspect 2>/dev/null | awk -v k="$1" '$1 == "tunable" && $2 == k { print $3 }'

@@ -79,8 +79,7 @@ check "kernel logged the unregistration" unregistered
 check "dmesg is clean" dmesg_clean
 
 # Not root: refused in one line before anything is loaded.
-grep -q '^nobody:' /etc/passwd || echo 'nobody:x:65534:65534:nobody:/:/bin/sh' >>/etc/passwd
-grep -q '^nogroup:' /etc/group || echo 'nogroup:x:65534:' >>/etc/group
+ensure_user nobody 65534 65534 nogroup
 out=$(su -s /bin/sh nobody -c "scx_zernel" 2>&1); rc=$?
 echo "$out"
 assert_eq "not root: exit 1" "$rc" 1

@@ -10,10 +10,8 @@
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
-grep -q '^nobody:' /etc/passwd || echo 'nobody:x:65534:65534:nobody:/:/bin/sh' >>/etc/passwd
-grep -q '^nogroup:' /etc/group || echo 'nogroup:x:65534:' >>/etc/group
-echo 'ztgid:x:4243:4242:zt:/:/bin/sh' >>/etc/passwd
-echo 'ztgrp:x:4242:' >>/etc/group
+ensure_user nobody 65534 65534 nogroup
+ensure_user ztgid 4243 4242 ztgrp
 mkdir -p /sys/fs/cgroup/zt_rules
 cat >/tmp/rm.toml <<'TOML'
 [[rules]]
@@ -63,7 +61,7 @@ pids="$pids $!"
 
 # The spinning thread of each (named NAME; the main thread may be too).
 tid_of() { tids_by_comm "$1" | tail -n 1; }
-all_up() { for n in zt_cmd zt_child zt_uid zt_gid zt_cg zt_none; do [ -n "$(tid_of $n)" ] || return 1; done; }
+all_up() { for n in zt_cmd zt_child zt_uid zt_gid zt_cg zt_none; do [ -n "$(tid_of "$n")" ] || return 1; done; }
 wait_until 20 all_up
 check "all six hogs are running" all_up
 has_class() { [ "$(ztask "$(tid_of "$1")" class)" = "$2" ]; }

@@ -46,14 +46,15 @@ expect_tunables() {
 }
 # switches SECS : involuntary context switches of two unclassified spinners
 # that share CPU 1, over SECS seconds (both start first and run throughout).
+nvcsw() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^nonvoluntary_ctxt_switches/ { s += $2 } END { print s + 0 }'; }
 switches() {
   local pid s0 s1
   taskset -c 1 zernel-workload hog --name zt_spin --secs $(($1 + 4)) --threads 2 &
   pid=$!
   sleep 2
-  s0=$(cat /proc/$pid/task/*/status 2>/dev/null | awk '/^nonvoluntary_ctxt_switches/ { s += $2 } END { print s + 0 }')
+  s0=$(nvcsw "$pid")
   sleep "$1"
-  s1=$(cat /proc/$pid/task/*/status 2>/dev/null | awk '/^nonvoluntary_ctxt_switches/ { s += $2 } END { print s + 0 }')
+  s1=$(nvcsw "$pid")
   wait "$pid"
   echo $((s1 - s0))
 }
