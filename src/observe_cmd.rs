@@ -97,6 +97,8 @@ pub struct ProcessRow {
     /// A DataLoader worker process.
     pub loader: bool,
     pub gpus: Vec<u32>,
+    /// The process's GPU utilisation (its own samples, else its devices'), when known.
+    pub gpu_util_pct: Option<u32>,
     pub threads: Vec<ThreadRow>,
 }
 
@@ -191,6 +193,7 @@ fn process_row(p: &crate::observe::ProcessView) -> ProcessRow {
         evidence: p.evidence.names(),
         loader: p.loader_process,
         gpus: p.gpu.devices.to_vec(),
+        gpu_util_pct: p.gpu.util_pct,
         threads: Vec::new(),
     }
 }
@@ -246,6 +249,9 @@ pub fn render_text(v: &PassView, every_ms: u64) -> String {
         if !p.gpus.is_empty() {
             let gpus: Vec<String> = p.gpus.iter().map(u32::to_string).collect();
             let _ = write!(what, ", GPU {}", gpus.join(","));
+        }
+        if let Some(u) = p.gpu_util_pct {
+            let _ = write!(what, " at {u}%");
         }
         let _ = writeln!(s, "{:>7} {:>7}  {:<16} {what}", p.pid, "", p.comm);
         for t in &p.threads {
@@ -353,6 +359,7 @@ mod tests {
                     evidence: vec!["env_rank"],
                     loader: false,
                     gpus: vec![0],
+                    gpu_util_pct: Some(87),
                     threads: vec![ThreadRow {
                         tid: 10,
                         comm: "pt_main_thread".into(),
@@ -376,6 +383,7 @@ mod tests {
                     evidence: vec![],
                     loader: false,
                     gpus: vec![],
+                    gpu_util_pct: None,
                     threads: vec![ThreadRow {
                         tid: 21,
                         comm: "backup".into(),
@@ -408,7 +416,7 @@ mod tests {
         assert_eq!(trainer.find("gpu_compute"), Some(col("PHASE")), "{text}");
         assert_eq!(trainer.find("latency"), Some(col("CLASS")), "{text}");
         assert!(trainer.ends_with("yes     -"), "{trainer:?}");
-        assert!(text.contains("ML (env_rank), GPU 0"), "{text}");
+        assert!(text.contains("ML (env_rank), GPU 0 at 87%"), "{text}");
         let backup = lines.iter().find(|l| l.contains("non_ml")).unwrap();
         assert!(backup.contains("batch") && backup.ends_with("backups"), "{backup:?}");
         assert!(text.contains("not ML"), "{text}");
@@ -425,6 +433,8 @@ mod tests {
         assert_eq!(t["phase"], "gpu_compute");
         assert_eq!(t["decision"]["class"], "latency");
         assert_eq!(t["decision"]["cpu"], serde_json::Value::Null);
+        assert_eq!(v["processes"][0]["gpu_util_pct"], 87);
+        assert_eq!(v["processes"][1]["gpu_util_pct"], serde_json::Value::Null);
         assert_eq!(v["processes"][1]["threads"][0]["rule"]["name"], "backups");
     }
 

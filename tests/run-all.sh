@@ -132,6 +132,11 @@ if (( VM )) && [ ${#CASES[@]} -gt 0 ]; then
           "$ROOT/target/release/zernel-workload=/usr/local/bin/zernel-workload"
           "$ROOT/tests/vm")
     [ -d "$ROOT/configs" ] && ADDS+=("$ROOT/configs")
+    # The stand-in NVML library (no GPU here): the nvml case loads it.
+    mkdir -p "$ROOT/target/fake-nvml"
+    if cc -shared -fPIC -O2 -Wall -o "$ROOT/target/fake-nvml/libnvidia-ml.so.1" "$ROOT/tests/vm/fake_nvml.c"; then
+      ADDS+=("$ROOT/target/fake-nvml/libnvidia-ml.so.1=/opt/zernel-fake-nvml/libnvidia-ml.so.1")
+    else echo "run-all: cannot build tests/vm/fake_nvml.c with cc" >&2; fi
     tools_ok=1
     for t in stress-ng cyclictest; do
       if p=$(command -v $t); then ADDS+=("$p")

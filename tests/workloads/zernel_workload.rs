@@ -9,6 +9,7 @@
 //! zernel-workload hog --name NAME --secs S [--threads N]
 //! zernel-workload threads --count N --secs S [--wake-ms 1000] [--ml]
 //! zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]
+//! zernel-workload reader --name NAME --secs S --open PATH [--fd N] [--after-ms MS]
 //! ```
 //!
 //! # train
@@ -44,6 +45,14 @@
 //! --wake-ms (±25 %) to do a few µs of work; with --ml it carries the rank
 //! environment (an ML process). Prints `zernel-workload threads ready N`
 //! once all threads exist.
+//!
+//! # reader
+//! One thread named NAME reading /dev/zero as fast as it can (an in-process
+//! data loader, by its read rate), holding PATH open as fd N (default: the
+//! lowest free fd; fds below N are filled with /dev/null) from --after-ms
+//! on (default 0). Opening it also maps 1 MiB, so the process's virtual
+//! size changes, as when a program initialises a GPU. Prints
+//! `zernel-workload reader opened PATH fd N` when it does.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -63,7 +72,8 @@ fn usage() -> ! {
 [--compute-ms MS] [--allreduce-ms MS] [--optim-ms MS] [--decode-ms MS] [--kernel-ms MS] [--no-env]\n  \
 zernel-workload hog --name NAME --secs S [--threads N]\n  \
 zernel-workload threads --count N --secs S [--wake-ms MS] [--ml]\n  \
-zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]"
+zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]\n  \
+zernel-workload reader --name NAME --secs S --open PATH [--fd N] [--after-ms MS]"
     );
     std::process::exit(2)
 }
@@ -157,6 +167,7 @@ fn main() {
         "hog" => hog(&Opts::parse(rest, &[])),
         "threads" => threads(&Opts::parse(rest, &["ml"])),
         "churn" => churn(&Opts::parse(rest, &[])),
+        "reader" => reader(&Opts::parse(rest, &[])),
         _ => usage(),
     }
 }
@@ -183,6 +194,56 @@ fn hog(o: &Opts) {
     spin_until(until);
     for h in handles {
         let _ = h.join();
+    }
+}
+
+// --------------------------------------------------------------- reader ----
+
+fn reader(o: &Opts) {
+    let (Some(name), Some(path)) = (o.str("name"), o.str("open")) else {
+        usage()
+    };
+    let until = Instant::now() + Duration::from_secs(o.num("secs", 10));
+    let open_at = Instant::now() + Duration::from_millis(o.num("after-ms", 0));
+    let want_fd = o.str("fd").map(|_| o.num("fd", 0) as libc::c_int);
+    set_name(name);
+    let mut zero = File::open("/dev/zero").expect("opening /dev/zero");
+    let mut buf = vec![0u8; 1 << 20];
+    let mut held: Vec<File> = Vec::new();
+    let mut opened = false;
+    while Instant::now() < until {
+        if !opened && Instant::now() >= open_at {
+            opened = true;
+            let dev = File::open(path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
+            let mut fd = std::os::fd::IntoRawFd::into_raw_fd(dev);
+            if let Some(want) = want_fd.filter(|&w| w != fd) {
+                while let Ok(f) = File::open("/dev/null") {
+                    if std::os::fd::AsRawFd::as_raw_fd(&f) >= want {
+                        break;
+                    }
+                    held.push(f);
+                }
+                // SAFETY: dup2 onto a descriptor number this process owns or
+                // frees, then the original is closed: only fd `want` is left.
+                unsafe {
+                    assert_eq!(libc::dup2(fd, want), want, "dup2 to fd {want}");
+                    libc::close(fd);
+                }
+                fd = want;
+            }
+            // SAFETY: an anonymous private mapping, never unmapped (it only
+            // has to change the virtual size).
+            let map = unsafe {
+                libc::mmap(std::ptr::null_mut(), 1 << 20, libc::PROT_READ,
+                           libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            };
+            assert_ne!(map, libc::MAP_FAILED, "mmap");
+            println!("zernel-workload reader opened {path} fd {fd}");
+            let _ = std::io::stdout().flush();
+        }
+        if zero.read(&mut buf).is_err() {
+            break;
+        }
     }
 }
 
