@@ -37,6 +37,14 @@ use crate::stats::{self, Metrics, TenantMetrics};
 use crate::topology::Topology;
 
 /// Presets for scx_loader's modes, applied on top of the config file.
+///
+/// | mode       | slices | starvation bound | wakeup_preempt_us          |
+/// |------------|--------|------------------|----------------------------|
+/// | auto       | as is  | as is            | as is                      |
+/// | lowlatency | half   | at most 20 ms    | as is                      |
+/// | gaming     | half   | at most 20 ms    | doubled: bursts of a few ms (a frame) still preempt |
+/// | server     | double | as is            | as is                      |
+/// | powersave  | double | as is            | 0: no wakeup preemption, fewer switches and IPIs |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
     Auto,
@@ -48,19 +56,27 @@ pub enum Mode {
 
 impl Mode {
     fn apply(self, cfg: &mut Config) {
-        let s = &mut cfg.scheduler.slice_us;
+        use crate::config::SLICE_US_RANGE;
+        let sched = &mut cfg.scheduler;
         let scale = |s: &mut crate::config::SliceConfig, num: u64, den: u64| {
             for v in [&mut s.latency, &mut s.ml, &mut s.normal, &mut s.batch] {
-                *v = (*v * num / den).max(crate::config::SLICE_US_RANGE.0);
+                *v = (*v * num / den).clamp(SLICE_US_RANGE.0, SLICE_US_RANGE.1);
             }
         };
         match self {
             Mode::Auto => {}
             Mode::Gaming | Mode::Lowlatency => {
-                scale(s, 1, 2);
-                cfg.scheduler.starvation_bound_ms = cfg.scheduler.starvation_bound_ms.min(20);
+                scale(&mut sched.slice_us, 1, 2);
+                sched.starvation_bound_ms = sched.starvation_bound_ms.min(20);
+                if self == Mode::Gaming {
+                    sched.wakeup_preempt_us = (sched.wakeup_preempt_us * 2).min(SLICE_US_RANGE.1);
+                }
             }
-            Mode::Powersave | Mode::Server => scale(s, 2, 1),
+            Mode::Server => scale(&mut sched.slice_us, 2, 1),
+            Mode::Powersave => {
+                scale(&mut sched.slice_us, 2, 1);
+                sched.wakeup_preempt_us = 0;
+            }
         }
     }
 }
@@ -509,5 +525,41 @@ fn serve(
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SLICE_US_RANGE;
+
+    /// (slice_us.latency, .batch, starvation_bound_ms, wakeup_preempt_us)
+    fn preset(mode: Mode, cfg: &Config) -> (u64, u64, u64, u64) {
+        let mut c = cfg.clone();
+        mode.apply(&mut c);
+        c.validate().unwrap();
+        let s = &c.scheduler;
+        (s.slice_us.latency, s.slice_us.batch, s.starvation_bound_ms, s.wakeup_preempt_us)
+    }
+
+    #[test]
+    fn mode_presets_are_distinct_and_stay_valid() {
+        let d = Config::default();
+        let (l, b, bound, w) = preset(Mode::Auto, &d);
+        assert_eq!(preset(Mode::Lowlatency, &d), (l / 2, b / 2, bound.min(20), w));
+        assert_eq!(preset(Mode::Gaming, &d), (l / 2, b / 2, bound.min(20), w * 2));
+        assert_eq!(preset(Mode::Server, &d), (l * 2, b * 2, bound, w));
+        assert_eq!(preset(Mode::Powersave, &d), (l * 2, b * 2, bound, 0));
+
+        // At the ends of the ranges the presets clamp; off stays off.
+        let mut edge = Config::default();
+        edge.scheduler.slice_us.latency = SLICE_US_RANGE.0;
+        edge.scheduler.slice_us.batch = SLICE_US_RANGE.1;
+        edge.scheduler.wakeup_preempt_us = SLICE_US_RANGE.1;
+        assert_eq!(preset(Mode::Gaming, &edge).0, SLICE_US_RANGE.0);
+        assert_eq!(preset(Mode::Gaming, &edge).3, SLICE_US_RANGE.1);
+        assert_eq!(preset(Mode::Server, &edge).1, SLICE_US_RANGE.1);
+        edge.scheduler.wakeup_preempt_us = 0;
+        assert_eq!(preset(Mode::Gaming, &edge).3, 0);
     }
 }

@@ -42,10 +42,11 @@ struct Cli {
     #[arg(short, long, global = true, value_name = "PATH")]
     config: Option<PathBuf>,
 
-    /// Preset for scx_loader modes: adjusts slices and the starvation bound
-    /// on top of the config. auto = the config as is; lowlatency and gaming =
-    /// half slices and a 20 ms starvation bound; powersave and server =
-    /// double slices.
+    /// Preset for scx_loader modes, on top of the config. auto = the config
+    /// as is; lowlatency = half slices and a starvation bound of at most
+    /// 20 ms; gaming = the same with wakeup_preempt_us doubled (bursts of a
+    /// few ms still preempt); server = double slices; powersave = double
+    /// slices and no wakeup preemption (wakeup_preempt_us = 0).
     #[arg(long, value_enum, default_value_t = Mode::Auto)]
     mode: Mode,
 

@@ -10,7 +10,8 @@
 # says: 20 ms against 2 ms gives several times fewer switches. A reload that
 # edits [scheduler] keeps the running values, in the kernel too, and says so.
 # --mode lowlatency halves the slices and caps the starvation bound at
-# 20 ms; --mode server doubles the slices. task_map_size is the capacity of
+# 20 ms, gaming also doubles wakeup_preempt_us; --mode server doubles the
+# slices, powersave also turns wakeup preemption off. task_map_size is the capacity of
 # the kernel's map: with 1200 threads matched by a rule and 1024 entries, the
 # map is full, the daemon says so once and map_full counts the rest. The
 # maps are pinned under pin_dir (and removed at exit); pin_dir = "" pins
@@ -41,7 +42,7 @@ expect_tunables() {
   assert_eq "$1: slice_us.normal" "$(ztunable slice_us.normal)" "$4"
   assert_eq "$1: slice_us.batch" "$(ztunable slice_us.batch)" "$5"
   assert_eq "$1: starvation_bound_ms" "$(ztunable starvation_bound_ms)" "$6"
-  assert_eq "$1: wakeup_preempt_us" "$(ztunable wakeup_preempt_us)" 400
+  assert_eq "$1: wakeup_preempt_us" "$(ztunable wakeup_preempt_us)" "${7:-400}"
   assert_eq "$1: default_class" "$(ztunable default_class)" batch
 }
 # switches SECS : involuntary context switches of two unclassified spinners
@@ -95,8 +96,14 @@ write_cfg 20000
 zernel_start "$C" --mode lowlatency || finish
 expect_tunables "--mode lowlatency" 350 750 1250 10000 20
 zernel_stop INT
+zernel_start "$C" --mode gaming || finish
+expect_tunables "--mode gaming" 350 750 1250 10000 20 800
+zernel_stop INT
 zernel_start "$C" --mode server || finish
 expect_tunables "--mode server" 1400 3000 5000 40000 80
+zernel_stop INT
+zernel_start "$C" --mode powersave || finish
+expect_tunables "--mode powersave" 1400 3000 5000 40000 80 0
 zernel_stop INT
 
 # 5. task_map_size is the capacity of the kernel's map; once it is full,
