@@ -16,7 +16,7 @@ use std::mem::{size_of, MaybeUninit};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
-use libbpf_rs::{MapCore, MapFlags, MapHandle, OpenObject};
+use libbpf_rs::{AsRawLibbpf, MapCore, MapFlags, MapHandle, OpenObject};
 use log::{info, warn};
 use scx_utils::{compat, scx_ops_attach, scx_ops_load, scx_ops_open, uei_exited, uei_report, UserExitInfo};
 
@@ -280,6 +280,13 @@ impl<'a> Scheduler<'a> {
         // ENQ_LAST: a task alone on its CPU still passes through enqueue at
         // every slice end, so that it can move to its preferred node.
         ops.flags = *compat::SCX_OPS_ENQ_LAST | if numa { *compat::SCX_OPS_BUILTIN_IDLE_PER_NODE } else { 0 };
+        // scx_ops_attach! attaches the struct_ops map itself (and keeps its
+        // link); libbpf's skeleton attach must leave it alone, or it warns
+        // that the map's skeleton link is uninitialized.
+        // SAFETY: a valid open map of this skeleton, before load.
+        unsafe {
+            libbpf_rs::libbpf_sys::bpf_map__set_autoattach(skel.maps.zernel_ops.as_libbpf_object().as_ptr(), false);
+        }
 
         let skel = scx_ops_load!(skel, zernel_ops, uei)?;
         let mut sched = Scheduler { skel, link: None, pin_dir: None, nr_tenants: tenants.len() };

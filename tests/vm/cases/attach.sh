@@ -21,6 +21,8 @@ zernel_start /tmp/attach.toml || finish
 assert_eq "state is enabled" "$(sched_state)" enabled
 ops_is_zernel() { case $(ops_name) in zernel*) return 0 ;; esac; return 1; }
 check "ops name starts with zernel ($(ops_name))" ops_is_zernel
+no_libbpf_warning() { ! grep -q 'skeleton link is uninitialized\|failed to auto-attach' "$ZLOG"; }
+check "libbpf attached the skeleton without warnings" no_libbpf_warning
 
 batch_enq0=$(zcounter batch enqueued)
 normal_enq0=$(zcounter normal enqueued)
