@@ -5,7 +5,8 @@
 //! ```text
 //! zernel-workload train --gpu-file PATH --secs S [--workers N] [--data-dir DIR]
 //!                 [--compute-ms 500] [--allreduce-ms 500] [--optim-ms 500]
-//!                 [--decode-ms 500] [--kernel-ms 20] [--no-env]
+//!                 [--decode-ms 500] [--kernel-ms 20] [--gpu-util 100]
+//!                 [--gpu-idle-util 0] [--no-env]
 //! zernel-workload hog --name NAME --secs S [--threads N]
 //! zernel-workload threads --count N --secs S [--wake-ms 1000] [--ml]
 //! zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]
@@ -22,8 +23,9 @@
 //!               compute:   submit 20 ms "kernels" to fake_gpu, wait on a condvar
 //!               all-reduce: wake "NCCL Progress 0", wait on a condvar
 //!               optimizer: spin on the CPU, GPU idle
-//!  fake_gpu        runs kernels (sleeps), writes the GPU file: util 100 while a
-//!                  kernel or the all-reduce runs, 0 after 5 ms without work
+//!  fake_gpu        runs kernels (sleeps), writes the GPU file: util 100 (or
+//!                  --gpu-util) while a kernel or the all-reduce runs, 0 (or
+//!                  --gpu-idle-util) after 5 ms without work
 //!  NCCL Progress 0 during the all-reduce: spin 2 ms, futex-wait 1 ms, repeat
 //!  pt_nccl_watchdg wakes every 100 ms
 //! ```
@@ -69,7 +71,8 @@ const RANK_ENV: [(&str, &str); 3] = [("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD
 fn usage() -> ! {
     eprintln!(
         "usage:\n  zernel-workload train --gpu-file PATH --secs S [--workers N] [--data-dir DIR] \
-[--compute-ms MS] [--allreduce-ms MS] [--optim-ms MS] [--decode-ms MS] [--kernel-ms MS] [--no-env]\n  \
+[--compute-ms MS] [--allreduce-ms MS] [--optim-ms MS] [--decode-ms MS] [--kernel-ms MS] \
+[--gpu-util PCT] [--gpu-idle-util PCT] [--no-env]\n  \
 zernel-workload hog --name NAME --secs S [--threads N]\n  \
 zernel-workload threads --count N --secs S [--wake-ms MS] [--ml]\n  \
 zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]\n  \
@@ -341,6 +344,9 @@ struct Gpu {
     cv: Condvar,
     file: PathBuf,
     pid: u32,
+    /// Utilisation published while busy and while idle (100 and 0 unless set).
+    busy_util: u64,
+    idle_util: u64,
 }
 
 #[derive(Default)]
@@ -356,7 +362,7 @@ struct GpuState {
 }
 
 impl Gpu {
-    fn publish(&self, util: u32) {
+    fn publish(&self, util: u64) {
         let text = format!(
             "{{\"devices\":[{{\"index\":0,\"uuid\":\"GPU-zernel-fake-0\",\"pci_bus_id\":\"00000000:00:00.0\",\"util\":{util}}}],\
 \"processes\":[{{\"pid\":{},\"device\":0,\"sm_util\":{util}}}]}}\n",
@@ -372,12 +378,12 @@ impl Gpu {
         match (busy, st.busy_since) {
             (true, None) => {
                 st.busy_since = Some(Instant::now());
-                self.publish(100);
+                self.publish(self.busy_util);
             }
             (false, Some(since)) => {
                 st.busy_total += since.elapsed();
                 st.busy_since = None;
-                self.publish(0);
+                self.publish(self.idle_util);
             }
             _ => {}
         }
@@ -634,8 +640,10 @@ fn train(o: &Opts) {
         cv: Condvar::new(),
         file: gpu_file,
         pid,
+        busy_util: o.num("gpu-util", 100).min(100),
+        idle_util: o.num("gpu-idle-util", 0).min(100),
     });
-    gpu.publish(0);
+    gpu.publish(gpu.idle_util);
     let nccl = Arc::new(Collective::default());
     let stop = Arc::new(AtomicBool::new(false));
     let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {

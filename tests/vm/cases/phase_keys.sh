@@ -1,0 +1,101 @@
+#!/bin/sh
+# vm: --smp 4 --mem 2G --timeout 400
+#
+# The [phase] thresholds decide what reaches the kernel. One training-like
+# job (zernel-workload train, its fake GPU at 60 % while busy and 20 % while
+# idle) and one in-process loader (zernel-workload reader, reading
+# /dev/zero; ML by a fake device fd) run throughout; the daemon is restarted
+# with one set of [phase] keys at a time, and the classes the kernel holds
+# for each thread are sampled (trainer pt_main_thread, NCCL Progress 0, the
+# DataLoader worker pt_multiprocess, the reader zt_read).
+#  A  gpu_idle_util_pct = 25: GpuCompute (60 >= 30) and OptimizerStep
+#     (20 <= 25) on the trainer, NcclCollective, DataLoading on the worker
+#     and on the reader (well over 32 MiB/s) all reach the kernel. (The
+#     reader's device fd names no GPU, so the busy GPU counts as its own
+#     too: it is also GpuCompute while the GPU is busy.)
+#  B  gpu_busy_util_pct = 70, gpu_idle_util_pct = 10 (default),
+#     nccl_min_switches_per_sec = 1e7, inproc_load_min_read_bytes_per_sec =
+#     1 TiB/s: the trainer, the NCCL thread and the reader get no entry; the
+#     worker still does (the keys are not all-or-nothing).
+#  C  nccl_min_busy_frac = 1.0 (the NCCL thread spins 2 ms in 3): no entry
+#     for it; the trainer still gets both its phases.
+#  D  phase_stability_count = 1000 (100 s at 100 ms): nothing is adopted.
+#  E  phase_eval_interval_ms = 3000: the reader's first entry comes >= 6 s
+#     after attach (two intervals for a first sample pair, then stability),
+#     against well under that with the default 100 ms (measured in A).
+# shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
+. "$(dirname "$0")/../guest-lib.sh"
+
+W=/tmp/pk
+mkdir -p "$W"
+: >/dev/zt_gpu0
+zernel-workload train --gpu-file "$W/gpu.json" --secs 400 --workers 1 --data-dir "$W/data" \
+  --gpu-util 60 --gpu-idle-util 20 >"$W/train.out" 2>&1 &
+train=$!
+zernel-workload reader --name zt_read --secs 400 --open /dev/zt_gpu0 >"$W/reader.out" &
+reader=$!
+wait_until 10 sh -c "[ \$(ls /proc/$train/task 2>/dev/null | wc -l) -ge 4 ]"
+
+# run NAME SECS [PHASE KEYS...] : the daemon with those [phase] keys; the
+# kernel's entries sampled for SECS s into $W/NAME ("<comm> <class>" lines);
+# $W/NAME.first holds how long after attach the reader got its first entry.
+run() {
+  name=$1 secs=$2
+  shift 2
+  {
+    printf '[gpu]\nprovider = "file"\nfile = "%s"\n\n[observe]\nml_device_prefixes = ["/dev/zt_gpu"]\n\n[phase]\n' "$W/gpu.json"
+    for kv in "$@"; do echo "$kv"; done
+  } >"$W/$name.toml"
+  echo "--- run $name: $*"
+  zernel_start "$W/$name.toml" || return 1
+  t0=$(uptime_s)
+  : >"$W/$name"
+  echo none >"$W/$name.first"
+  end=$(( $(cut -d. -f1 /proc/uptime) + secs ))
+  while [ "$(cut -d. -f1 /proc/uptime)" -lt "$end" ]; do
+    scx_zernel inspect --entries | while read -r tid class _; do
+      tid=${tid#tid=}
+      comm=$(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null) && echo "$comm ${class#class=}"
+    done >>"$W/$name"
+    if grep -q '^none$' "$W/$name.first" && grep -q '^zt_read ' "$W/$name"; then
+      awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { printf "%.1f\n", b - a }' >"$W/$name.first"
+    fi
+    sleep 0.2
+  done
+  sort "$W/$name" | uniq -c
+  zernel_stop TERM
+  assert_eq "run $name: exit 0" "$ZRC" 0
+}
+held() { grep -q "^$2 $3\$" "$W/$1"; }        # held RUN COMM CLASS
+none() { ! grep -q "^$2 " "$W/$1"; }          # none RUN COMM
+
+run A 15 "gpu_idle_util_pct = 25" || finish
+check "A: GpuCompute on the trainer (60 % >= 30): kernel class latency" held A pt_main_thread latency
+check "A: OptimizerStep on the trainer (20 % <= 25): kernel class ml" held A pt_main_thread ml
+check "A: NcclCollective: kernel class latency" held A NCCL_Progress_0 latency
+check "A: DataLoading on the worker: kernel class ml" held A pt_multiprocess ml
+check "A: DataLoading in-process on the reader: kernel class ml" held A zt_read ml
+
+run B 15 "gpu_busy_util_pct = 70" "nccl_min_switches_per_sec = 10000000.0" \
+  "inproc_load_min_read_bytes_per_sec = 1099511627776" || finish
+check "B: gpu_busy_util_pct = 70, gpu_idle_util_pct = 10: no entry for the trainer" none B pt_main_thread
+check "B: nccl_min_switches_per_sec = 1e7: no entry for NCCL Progress 0" none B NCCL_Progress_0
+check "B: inproc_load_min_read_bytes_per_sec = 1 TiB/s: no entry for the reader" none B zt_read
+check "B: the worker is still DataLoading (class ml)" held B pt_multiprocess ml
+
+run C 15 "gpu_idle_util_pct = 25" "nccl_min_busy_frac = 1.0" || finish
+check "C: nccl_min_busy_frac = 1.0: no entry for NCCL Progress 0" none C NCCL_Progress_0
+check "C: the trainer still gets GpuCompute (latency)" held C pt_main_thread latency
+check "C: the trainer still gets OptimizerStep (ml)" held C pt_main_thread ml
+
+run D 10 "phase_stability_count = 1000" || finish
+check "D: phase_stability_count = 1000: no entry at all in 10 s" [ ! -s "$W/D" ]
+
+run E 12 "phase_eval_interval_ms = 3000" || finish
+echo "reader's first entry after attach: $(cat "$W/A.first") s with phase_eval_interval_ms = 100, $(cat "$W/E.first") s with 3000"
+first_ok() { awk -v a="$(cat "$W/A.first")" -v e="$(cat "$W/E.first")" 'BEGIN { exit !(a != "none" && e != "none" && e >= 6 && e >= a + 3) }'; }
+check "E: phase_eval_interval_ms = 3000: the first entry >= 6 s after attach, >= 3 s later than at 100 ms" first_ok
+
+kill "$train" "$reader" 2>/dev/null; wait "$train" "$reader" 2>/dev/null
+check "dmesg is clean" dmesg_clean
+finish
