@@ -7,10 +7,11 @@
 //!                 [--compute-ms 500] [--allreduce-ms 500] [--optim-ms 500]
 //!                 [--decode-ms 500] [--kernel-ms 20] [--gpu-util 100]
 //!                 [--gpu-idle-util 0] [--no-env]
-//! zernel-workload hog --name NAME --secs S [--threads N]
+//! zernel-workload hog --name NAME --secs S [--threads N] [--busy-pct P]
 //! zernel-workload threads --count N --secs S [--wake-ms 1000] [--ml]
 //! zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]
-//! zernel-workload reader --name NAME --secs S --open PATH [--fd N] [--after-ms MS]
+//! zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS]
+//!                 [--busy-pct P]
 //! ```
 //!
 //! # train
@@ -40,7 +41,8 @@
 //! ```
 //!
 //! # hog
-//! N threads (the main one included) named NAME spinning on the CPU.
+//! N threads (the main one included) named NAME spinning on the CPU; with
+//! --busy-pct P < 100, each spins P % of every 5 ms and sleeps the rest.
 //!
 //! # threads
 //! A process with N mostly idle threads (`idle_<i>`), each waking every
@@ -50,7 +52,8 @@
 //!
 //! # reader
 //! One thread named NAME reading /dev/zero as fast as it can (an in-process
-//! data loader, by its read rate), holding PATH open as fd N (default: the
+//! data loader, by its read rate; with --busy-pct P < 100, for P % of every
+//! 5 ms), holding PATH (if given) open as fd N (default: the
 //! lowest free fd; fds below N are filled with /dev/null) from --after-ms
 //! on (default 0). Opening it also maps 1 MiB, so the process's virtual
 //! size changes, as when a program initialises a GPU. Prints
@@ -73,10 +76,10 @@ fn usage() -> ! {
         "usage:\n  zernel-workload train --gpu-file PATH --secs S [--workers N] [--data-dir DIR] \
 [--compute-ms MS] [--allreduce-ms MS] [--optim-ms MS] [--decode-ms MS] [--kernel-ms MS] \
 [--gpu-util PCT] [--gpu-idle-util PCT] [--no-env]\n  \
-zernel-workload hog --name NAME --secs S [--threads N]\n  \
+zernel-workload hog --name NAME --secs S [--threads N] [--busy-pct P]\n  \
 zernel-workload threads --count N --secs S [--wake-ms MS] [--ml]\n  \
 zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]\n  \
-zernel-workload reader --name NAME --secs S --open PATH [--fd N] [--after-ms MS]"
+zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS] [--busy-pct P]"
     );
     std::process::exit(2)
 }
@@ -161,6 +164,26 @@ fn spin_until(until: Instant) -> u64 {
     std::hint::black_box(x)
 }
 
+/// Runs `work` (a short step) for `pct` % of every 5 ms period until
+/// `until`, sleeping the rest (one voluntary switch a period, ~200 a
+/// second).
+fn duty_cycle(until: Instant, pct: u64, mut work: impl FnMut()) {
+    const PERIOD: Duration = Duration::from_millis(5);
+    let mut next = Instant::now();
+    while Instant::now() < until {
+        let busy_end = next + PERIOD.mul_f64(pct.min(100) as f64 / 100.0);
+        next += PERIOD;
+        while Instant::now() < busy_end.min(until) {
+            work();
+        }
+        if let Some(rest) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(rest);
+        } else {
+            next = Instant::now();
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(mode) = args.get(1) else { usage() };
@@ -183,18 +206,28 @@ fn hog(o: &Opts) {
     };
     let secs = o.num("secs", 10);
     let n = o.num("threads", 1).max(1);
+    let pct = o.num("busy-pct", 100);
     let until = Instant::now() + Duration::from_secs(secs);
+    let run = move || {
+        if pct >= 100 {
+            spin_until(until);
+        } else {
+            duty_cycle(until, pct, || {
+                spin_until(Instant::now() + Duration::from_micros(100));
+            });
+        }
+    };
     set_name(&name);
     let handles: Vec<_> = (1..n)
         .map(|_| {
             let name = name.clone();
             std::thread::spawn(move || {
                 set_name(&name);
-                spin_until(until)
+                run()
             })
         })
         .collect();
-    spin_until(until);
+    run();
     for h in handles {
         let _ = h.join();
     }
@@ -203,19 +236,19 @@ fn hog(o: &Opts) {
 // --------------------------------------------------------------- reader ----
 
 fn reader(o: &Opts) {
-    let (Some(name), Some(path)) = (o.str("name"), o.str("open")) else {
-        usage()
-    };
+    let Some(name) = o.str("name") else { usage() };
+    let path = o.str("open");
     let until = Instant::now() + Duration::from_secs(o.num("secs", 10));
     let open_at = Instant::now() + Duration::from_millis(o.num("after-ms", 0));
     let want_fd = o.str("fd").map(|_| o.num("fd", 0) as libc::c_int);
+    let pct = o.num("busy-pct", 100);
     set_name(name);
     let mut zero = File::open("/dev/zero").expect("opening /dev/zero");
     let mut buf = vec![0u8; 1 << 20];
     let mut held: Vec<File> = Vec::new();
     let mut opened = false;
     while Instant::now() < until {
-        if !opened && Instant::now() >= open_at {
+        if let Some(path) = path.filter(|_| !opened && Instant::now() >= open_at) {
             opened = true;
             let dev = File::open(path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
             let mut fd = std::os::fd::IntoRawFd::into_raw_fd(dev);
@@ -244,8 +277,16 @@ fn reader(o: &Opts) {
             println!("zernel-workload reader opened {path} fd {fd}");
             let _ = std::io::stdout().flush();
         }
-        if zero.read(&mut buf).is_err() {
-            break;
+        if pct >= 100 {
+            if zero.read(&mut buf).is_err() {
+                break;
+            }
+        } else {
+            // One second at the duty cycle between checks for the open.
+            let step = (Instant::now() + Duration::from_secs(1)).min(until);
+            duty_cycle(step, pct, || {
+                let _ = zero.read(&mut buf[..64 << 10]);
+            });
         }
     }
 }

@@ -1,0 +1,121 @@
+#!/bin/sh
+# vm: --smp 4 --mem 2G --timeout 400
+#
+# The [observe] keys that decide which processes are ML, and the [phase]
+# thresholds of the loader and optimizer phases, each shown to switch a
+# kernel entry on or off. Workers run throughout (zernel-workload; "reader"
+# reads /dev/zero, an in-process loader by its read rate; --busy-pct P keeps
+# each on the CPU P % of every 5 ms, ~200 voluntary switches a second):
+#   zt_rank         reader 60 %, RANK=0 (ML by a default variable): control
+#   zt_env          reader 20 %, ZT_JOB=1 only
+#   zt_lib          reader 20 %, maps libzt_ml.so.1 (LD_PRELOAD)
+#   zt_coll         reader 20 %, maps libzt_coll.so.1
+#   zt_child        reader 20 %, empty environment, child of an ML shell
+#   pt_data_worker  reader 30 %, RANK=0: a DataLoader by its name
+#   zt_duty         hog 70 %, a GPU process (GPU file) whose GPU is idle
+# Runs, one daemon each:
+#  1  ml_env_vars = [RANK, ZT_JOB], ml_libraries = [libzt_ml],
+#     collective_libraries = [libzt_coll], loader reads 1 TiB/s: zt_env,
+#     zt_lib, zt_coll and zt_child (inherited) are ML (class ml);
+#     pt_data_worker is DataLoading by its busy fraction (0.3 >= 0.2);
+#     zt_duty is not OptimizerStep (200 voluntary switches/s > 50).
+#  2  the default lists, ml_inherit_depth = 0, loader_min_busy_frac = 0.5,
+#     optimizer_max_voluntary_per_sec = 1000: none of those five has an
+#     entry; zt_duty is OptimizerStep (class ml).
+#  3  loader_min_busy_frac = 0.9 (reads at the default 1 MiB/s),
+#     optimizer_min_busy_frac = 0.95: pt_data_worker is DataLoading by its
+#     reads; zt_duty (0.7) is not OptimizerStep.
+#  4  as 3 with active_busy_frac = 0.5: pt_data_worker (0.3) is not
+#     sampled in detail, so its reads are unknown: no entry; zt_rank (0.6)
+#     still is.
+#  5  proc_root = an empty directory: the daemon sees no process, no entry.
+# shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
+. "$(dirname "$0")/../guest-lib.sh"
+
+W=/tmp/mk
+mkdir -p "$W" "$W/emptyproc"
+S=400
+# Two libraries to map: any loadable .so under the names the rules look for.
+lib=$(ls /opt/zernel-fake-nvml/libnvidia-ml.so.1 2>/dev/null || ls /lib/x86_64-linux-gnu/libm.so.6)
+cp "$lib" "$W/libzt_ml.so.1" && cp "$lib" "$W/libzt_coll.so.1"
+R="zernel-workload reader --secs $S"
+RANK=0 $R --name zt_rank --busy-pct 60 &
+p1=$!
+ZT_JOB=1 $R --name zt_env --busy-pct 20 &
+p2=$!
+LD_PRELOAD=$W/libzt_ml.so.1 $R --name zt_lib --busy-pct 20 &
+p3=$!
+LD_PRELOAD=$W/libzt_coll.so.1 $R --name zt_coll --busy-pct 20 &
+p4=$!
+RANK=0 sh -c "env -i /usr/local/bin/zernel-workload reader --secs $S --name zt_child --busy-pct 20; true" &
+p5=$!
+RANK=0 $R --name pt_data_worker --busy-pct 30 &
+p6=$!
+zernel-workload hog --name zt_duty --secs $S --busy-pct 70 &
+p7=$!
+printf '{"devices":[{"index":0,"util":0}],"processes":[{"pid":%s,"device":0,"sm_util":0}]}\n' $p7 >"$W/gpu.json"
+sleep 1
+
+# run NAME SECS [TOML LINES...] : the daemon with that config; the kernel's
+# entries sampled for SECS s into $W/NAME ("<comm> <class>" lines).
+run() {
+  name=$1 secs=$2
+  shift 2
+  {
+    printf '[gpu]\nprovider = "file"\nfile = "%s"\n' "$W/gpu.json"
+    for line in "$@"; do echo "$line"; done
+  } >"$W/$name.toml"
+  echo "--- run $name"; cat "$W/$name.toml"
+  zernel_start "$W/$name.toml" || return 1
+  : >"$W/$name"
+  end=$(( $(cut -d. -f1 /proc/uptime) + secs ))
+  while [ "$(cut -d. -f1 /proc/uptime)" -lt "$end" ]; do
+    scx_zernel inspect --entries | while read -r tid class _; do
+      tid=${tid#tid=}
+      comm=$(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null) && echo "$comm ${class#class=}"
+    done >>"$W/$name"
+    sleep 0.3
+  done
+  sort "$W/$name" | uniq -c
+  zernel_stop TERM
+  assert_eq "run $name: exit 0" "$ZRC" 0
+}
+held() { grep -q "^$2 $3\$" "$W/$1"; }        # held RUN COMM CLASS
+none() { ! grep -q "^$2 " "$W/$1"; }          # none RUN COMM
+
+run 1 10 '[observe]' 'ml_env_vars = ["RANK", "ZT_JOB"]' 'ml_libraries = ["libzt_ml"]' \
+  'collective_libraries = ["libzt_coll"]' '[phase]' 'loader_min_read_bytes_per_sec = 1099511627776' || finish
+check "1: zt_rank (RANK) is ML: class ml" held 1 zt_rank ml
+check "1: ml_env_vars has ZT_JOB: zt_env is ML, class ml" held 1 zt_env ml
+check "1: ml_libraries has libzt_ml: zt_lib is ML, class ml" held 1 zt_lib ml
+check "1: collective_libraries has libzt_coll: zt_coll is ML, class ml" held 1 zt_coll ml
+check "1: ml_inherit_depth = 4: zt_child (no environment, ML parent) is ML, class ml" held 1 zt_child ml
+check "1: loader_min_busy_frac = 0.2: pt_data_worker (0.3) is DataLoading, class ml" held 1 pt_data_worker ml
+check "1: optimizer_max_voluntary_per_sec = 50: zt_duty (200/s) has no entry" none 1 zt_duty
+
+run 2 10 '[observe]' 'ml_inherit_depth = 0' '[phase]' 'loader_min_busy_frac = 0.5' \
+  'loader_min_read_bytes_per_sec = 1099511627776' 'optimizer_max_voluntary_per_sec = 1000.0' || finish
+check "2: zt_rank is still ML: class ml" held 2 zt_rank ml
+check "2: default ml_env_vars: zt_env has no entry" none 2 zt_env
+check "2: default ml_libraries: zt_lib has no entry" none 2 zt_lib
+check "2: default collective_libraries: zt_coll has no entry" none 2 zt_coll
+check "2: ml_inherit_depth = 0: zt_child has no entry" none 2 zt_child
+check "2: loader_min_busy_frac = 0.5: pt_data_worker (0.3) has no entry" none 2 pt_data_worker
+check "2: optimizer_max_voluntary_per_sec = 1000: zt_duty is OptimizerStep, class ml" held 2 zt_duty ml
+
+run 3 10 '[phase]' 'loader_min_busy_frac = 0.9' 'optimizer_max_voluntary_per_sec = 1000.0' \
+  'optimizer_min_busy_frac = 0.95' || finish
+check "3: loader_min_read_bytes_per_sec = 1 MiB/s: pt_data_worker is DataLoading by its reads, class ml" \
+  held 3 pt_data_worker ml
+check "3: optimizer_min_busy_frac = 0.95: zt_duty (0.7) has no entry" none 3 zt_duty
+
+run 4 10 '[observe]' 'active_busy_frac = 0.5' '[phase]' 'loader_min_busy_frac = 0.9' || finish
+check "4: active_busy_frac = 0.5: pt_data_worker (0.3, reads unknown) has no entry" none 4 pt_data_worker
+check "4: zt_rank (0.6) is still sampled in detail: class ml" held 4 zt_rank ml
+
+run 5 6 '[observe]' "proc_root = \"$W/emptyproc\"" || finish
+check "5: proc_root = an empty directory: no entry at all" [ ! -s "$W/5" ]
+
+kill $p1 $p2 $p3 $p4 $p5 $p6 $p7 2>/dev/null; wait $p1 $p2 $p3 $p4 $p5 $p6 $p7 2>/dev/null
+check "dmesg is clean" dmesg_clean
+finish
