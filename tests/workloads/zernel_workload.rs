@@ -13,6 +13,7 @@
 //! zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]
 //! zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS]
 //!                 [--busy-pct P]
+//! zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]
 //! ```
 //!
 //! # train
@@ -60,7 +61,9 @@
 //! lowest free fd; fds below N are filled with /dev/null) from --after-ms
 //! on (default 0). Opening it also maps 1 MiB, so the process's virtual
 //! size changes, as when a program initialises a GPU. Prints
-//! `zernel-workload reader opened PATH fd N` when it does.
+//! `zernel-workload reader opened PATH fd N` when it does. With --thread,
+//! a second thread named NAME2 does the reading, from --start-ms on (it
+//! sleeps until then); the main thread only waits.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -82,7 +85,8 @@ fn usage() -> ! {
 zernel-workload hog --name NAME --secs S [--threads N] [--busy-pct P] [--rename NEW [--rename-after-ms MS]]\n  \
 zernel-workload threads --count N --secs S [--wake-ms MS] [--ml]\n  \
 zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]\n  \
-zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS] [--busy-pct P]"
+zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS] [--busy-pct P]\n  \
+zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]"
     );
     std::process::exit(2)
 }
@@ -260,6 +264,10 @@ fn reader(o: &Opts) {
     let open_at = Instant::now() + Duration::from_millis(o.num("after-ms", 0));
     let want_fd = o.str("fd").map(|_| o.num("fd", 0) as libc::c_int);
     let pct = o.num("busy-pct", 100);
+    if let Some(thread) = o.str("thread") {
+        let start = Instant::now() + Duration::from_millis(o.num("start-ms", 0));
+        return reader_thread(name, thread, start, until, pct);
+    }
     set_name(name);
     let mut zero = File::open("/dev/zero").expect("opening /dev/zero");
     let mut buf = vec![0u8; 1 << 20];
@@ -295,18 +303,38 @@ fn reader(o: &Opts) {
             println!("zernel-workload reader opened {path} fd {fd}");
             let _ = std::io::stdout().flush();
         }
-        if pct >= 100 {
-            if zero.read(&mut buf).is_err() {
-                break;
-            }
-        } else {
-            // One second at the duty cycle between checks for the open.
-            let step = (Instant::now() + Duration::from_secs(1)).min(until);
-            duty_cycle(step, pct, || {
-                let _ = zero.read(&mut buf[..64 << 10]);
-            });
-        }
+        read_step(&mut zero, &mut buf, pct, until);
     }
+}
+
+/// Reads /dev/zero for a while: one 1 MiB read at 100 %, else up to a
+/// second at the duty cycle.
+fn read_step(zero: &mut File, buf: &mut [u8], pct: u64, until: Instant) {
+    if pct >= 100 {
+        let _ = zero.read(buf);
+    } else {
+        let step = (Instant::now() + Duration::from_secs(1)).min(until);
+        duty_cycle(step, pct, || {
+            let _ = zero.read(&mut buf[..64 << 10]);
+        });
+    }
+}
+
+/// `reader --thread NAME`: the reading is done by a second thread named
+/// NAME, idle (asleep) until `start`; the main thread only waits for it.
+fn reader_thread(name: &str, thread: &str, start: Instant, until: Instant, pct: u64) {
+    set_name(name);
+    let thread = thread.to_string();
+    let h = std::thread::spawn(move || {
+        set_name(&thread);
+        std::thread::sleep(start.saturating_duration_since(Instant::now()));
+        let mut zero = File::open("/dev/zero").expect("opening /dev/zero");
+        let mut buf = vec![0u8; 1 << 20];
+        while Instant::now() < until {
+            read_step(&mut zero, &mut buf, pct, until);
+        }
+    });
+    let _ = h.join();
 }
 
 // ---------------------------------------------------------------- churn ----
