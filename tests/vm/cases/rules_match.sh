@@ -7,6 +7,12 @@
 # the task_class map; the hogs' thread names match no rule, so only the
 # field under test can have matched. A hog that matches nothing has no
 # entry. `observe` names the rule (its `name` label) for a matched thread.
+# The two other actions: `cpu = 1` puts the preferred CPU in the entry and
+# a waking thread runs there (select_cpu's pref_cpu counter moves); `ml =
+# true` makes a process that has no ML evidence an ML one, so its phase is
+# detected inside the rule's class (an in-process loader: class normal, the
+# DataLoading slice of 4000 us), where the same rule without it gives the
+# class alone.
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
@@ -40,6 +46,23 @@ name = "by cgroup"
 cgroup = "^/zt_rules$"
 class = "latency"
 slice_us = 600
+
+[[rules]]
+name = "preferred cpu"
+comm = "^zt_pin$"
+class = "latency"
+cpu = 1
+
+[[rules]]
+name = "ml by rule"
+comm = "^zt_mlrule$"
+class = "normal"
+ml = true
+
+[[rules]]
+name = "class only"
+comm = "^zt_plain$"
+class = "normal"
 TOML
 zernel_start /tmp/rm.toml || finish
 
@@ -89,6 +112,35 @@ for d in /proc/[0-9]*; do
   case "$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)" in "zernel-workload hog "*) kill "${d#/proc/}" 2>/dev/null ;; esac
 done
 for p in $pids; do wait "$p" 2>/dev/null; done
+
+# The cpu action on an otherwise idle guest (a preferred CPU is taken when
+# idle), then the ml action.
+zernel-workload hog --name zt_pin --secs 30 --busy-pct 20 &
+pin=$!
+wait_until 10 has_class zt_pin latency
+assert_eq "cpu = 1: the kernel's entry for zt_pin holds CPU 1" "$(ztask "$pin" cpu)" 1
+# Its wakeups (voluntary switches, ~200 a second) against the wakeups
+# select_cpu placed on a preferred CPU (pref_cpu; zt_pin is the only thread
+# with one) over 5 s: a preferred CPU is taken when it is idle, and the
+# daemon and this script keep CPU 1 busy now and then.
+vol() { awk '/^voluntary_ctxt_switches/ { print $2 }' "/proc/$pin/status"; }
+pref0=$(zglobal pref_cpu) vol0=$(vol)
+sleep 5
+pref=$(($(zglobal pref_cpu) - pref0)) wakes=$(($(vol) - vol0))
+echo "zt_pin woke $wakes times in 5 s; select_cpu put it on its preferred CPU $pref times"
+assert_gt "cpu = 1: zt_pin woke (its duty cycle sleeps)" "$wakes" 100
+assert_ge "cpu = 1: at least half its wakeups went to the preferred CPU" "$((pref * 2))" "$wakes"
+zernel-workload reader --name zt_mlrule --secs 30 --busy-pct 30 &
+mlr=$!
+zernel-workload reader --name zt_plain --secs 30 --busy-pct 30 &
+plain=$!
+slice_is() { [ "$(ztask "$1" slice_us)" = "$2" ]; }
+wait_until 15 slice_is "$mlr" 4000
+assert_eq "ml = true: zt_mlrule keeps the rule's class" "$(ztask "$mlr" class)" normal
+assert_eq "ml = true: zt_mlrule is DataLoading inside it (slice 4000 us)" "$(ztask "$mlr" slice_us)" 4000
+assert_eq "no ml: zt_plain has the rule's class" "$(ztask "$plain" class)" normal
+check "no ml: zt_plain has no phase slice ($(ztask "$plain" slice_us))" sh -c "[ '$(ztask "$plain" slice_us)' != 4000 ]"
+kill $pin $mlr $plain 2>/dev/null; wait $pin $mlr $plain 2>/dev/null
 zernel_stop INT
 assert_eq "SIGINT: exit 0" "$ZRC" 0
 check "dmesg is clean" dmesg_clean
