@@ -164,6 +164,23 @@ ztask() {
   scx_zernel inspect --tid "$1" 2>/dev/null | tr ' ' '\n' | awk -F= -v f="$2" '$1 == f { print substr($0, length(f) + 2) }'
 }
 
+# zsample SECS FILE [PID] : the kernel's entries, read every 0.2 s for SECS s
+# (or until PID exits), appended to FILE as "<comm> <class> <slice_us>
+# <preempt>" lines, one per entry per round (spaces in comm become _).
+zsample() {
+  local end tid class slice preempt comm
+  end=$(( $(cut -d. -f1 /proc/uptime) + $1 ))
+  while [ "$(cut -d. -f1 /proc/uptime)" -lt "$end" ]; do
+    if [ -n "${3:-}" ] && ! alive "$3"; then break; fi
+    scx_zernel inspect --entries | while read -r tid class slice _ _ _ preempt _; do
+      tid=${tid#tid=}
+      comm=$(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null) &&
+        echo "$comm ${class#class=} ${slice#slice_us=} ${preempt#preempt=}"
+    done >>"$2"
+    sleep 0.2
+  done
+}
+
 # tids_by_comm NAME : TIDs (one a line) of every thread whose comm is NAME.
 # No command substitution or external command per thread: under TCG with every
 # CPU busy, a fork per thread would make one call take seconds.

@@ -57,7 +57,7 @@ printf '{"devices":[{"index":0,"util":0}],"processes":[{"pid":%s,"device":0,"sm_
 sleep 1
 
 # run NAME SECS [TOML LINES...] : the daemon with that config; the kernel's
-# entries sampled for SECS s into $W/NAME ("<comm> <class>" lines).
+# entries sampled for SECS s into $W/NAME (zsample lines).
 run() {
   name=$1 secs=$2
   shift 2
@@ -68,19 +68,12 @@ run() {
   echo "--- run $name"; cat "$W/$name.toml"
   zernel_start "$W/$name.toml" || return 1
   : >"$W/$name"
-  end=$(( $(cut -d. -f1 /proc/uptime) + secs ))
-  while [ "$(cut -d. -f1 /proc/uptime)" -lt "$end" ]; do
-    scx_zernel inspect --entries | while read -r tid class _; do
-      tid=${tid#tid=}
-      comm=$(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null) && echo "$comm ${class#class=}"
-    done >>"$W/$name"
-    sleep 0.3
-  done
-  sort "$W/$name" | uniq -c
+  zsample "$secs" "$W/$name"
+  sort "$W/$name" | cut -d' ' -f1,2 | uniq -c
   zernel_stop TERM
   assert_eq "run $name: exit 0" "$ZRC" 0
 }
-held() { grep -q "^$2 $3\$" "$W/$1"; }        # held RUN COMM CLASS
+held() { grep -q "^$2 $3 " "$W/$1"; }         # held RUN COMM CLASS
 none() { ! grep -q "^$2 " "$W/$1"; }          # none RUN COMM
 
 run 1 10 '[observe]' 'ml_env_vars = ["RANK", "ZT_JOB"]' 'ml_libraries = ["libzt_ml"]' \

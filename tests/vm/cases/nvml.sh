@@ -40,22 +40,16 @@ check "the daemon loaded NVML" grep -q 'gpu: using NVML' "$ZLOG"
 zernel-workload train --gpu-file "$W/gpu.json" --secs 40 --workers 1 --data-dir "$W/data" >"$W/train.out" 2>&1 &
 train=$!
 wait_until 10 sh -c "[ \$(ls /proc/$train/task 2>/dev/null | wc -l) -ge 4 ]"
-# The kernel's entry for the trainer (pt_main_thread), sampled for ~20 s:
-# "<class> <slice_us> <preempt>" a line.
-: >"$W/trainer"
-end=$(( $(cut -d. -f1 /proc/uptime) + 20 ))
-while [ "$(cut -d. -f1 /proc/uptime)" -lt "$end" ] && alive "$train"; do
-  e=$(scx_zernel inspect --entries | grep "^tid=$train ") &&
-    echo "$e" | sed 's/.*class=\([a-z]*\) slice_us=\([0-9]*\).*preempt=\([01]\).*/\1 \2 \3/' >>"$W/trainer"
-  sleep 0.2
-done
-sort "$W/trainer" | uniq -c
+# The kernel's entries, sampled for ~20 s.
+: >"$W/classes"
+zsample 20 "$W/classes" "$train"
+grep '^pt_main_thread ' "$W/classes" | sort | uniq -c
 saw() { grep -q "phase tid=$train .* -> $1\$" "$ZLOG"; }
 check "GpuCompute detected on the trainer from NVML data" saw gpu_compute
 check "OptimizerStep detected on the trainer from NVML data" saw optimizer_step
 check "kernel holds the GpuCompute policy for the trainer (latency, 1000 us, preempt)" \
-  grep -q '^latency 1000 1$' "$W/trainer"
-check "kernel holds the OptimizerStep policy for the trainer (ml)" grep -q '^ml ' "$W/trainer"
+  grep -q '^pt_main_thread latency 1000 1$' "$W/classes"
+check "kernel holds the OptimizerStep policy for the trainer (ml)" grep -q '^pt_main_thread ml ' "$W/classes"
 # Each refresh asks for samples newer than now - window.
 wmin=$(sort -n -k2 "$W/nvml.log" | head -n 1 | cut -d' ' -f2)
 wmax=$(sort -n -k2 "$W/nvml.log" | tail -n 1 | cut -d' ' -f2)

@@ -36,18 +36,10 @@ zernel-workload train --gpu-file "$W/gpu.json" --secs 40 --workers 2 --data-dir 
 train=$!
 wait_until 10 sh -c "[ \$(ls /proc/$train/task 2>/dev/null | wc -l) -ge 4 ]"
 
-# Sample the kernel's class of every thread for ~20 s: one `inspect
-# --entries` a round, joined with the threads' names. One line a sample:
-# "<comm> <class> <slice_us> <preempt>".
+# The kernel's class of every thread, sampled for ~20 s: "<comm> <class>
+# <slice_us> <preempt>" lines.
 : >"$W/classes"
-end=$(( $(cut -d. -f1 /proc/uptime) + 20 ))
-while [ "$(cut -d. -f1 /proc/uptime)" -lt "$end" ] && alive "$train"; do
-  scx_zernel inspect --entries | while read -r tid class slice _ _ _ preempt _; do
-    tid=${tid#tid=} class=${class#class=}
-    comm=$(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null) && echo "$comm $class ${slice#slice_us=} ${preempt#preempt=}"
-  done >>"$W/classes"
-  sleep 0.2
-done
+zsample 20 "$W/classes" "$train"
 sort "$W/classes" | uniq -c
 
 # The detector's transitions, from the daemon's debug log.
