@@ -355,6 +355,11 @@ impl ProcEntry {
         if renamed {
             self.view.comm = Arc::from(st.comm.as_str());
             self.view.changes |= Changes::RENAMED;
+            // The process's name is its main thread's: that thread's rules
+            // see the rename now, not at its next name check.
+            if let Some(main) = self.threads.iter_mut().find(|t| t.view.tid == pid) {
+                main.set_comm(&st.comm);
+            }
         }
         let rescan_due = ctx.now >= self.next_rescan;
         if rescan_due {

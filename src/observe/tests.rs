@@ -488,6 +488,33 @@ fn pid_reuse_is_a_new_process() {
 }
 
 #[test]
+fn a_process_rename_reaches_its_main_thread_at_the_rescan() {
+    let dir = TempDir::new("observe-rename-main");
+    let root = dir.path();
+    let mut p = FakeProc::new(50, 1, "before");
+    p.threads.push(FakeThread::new(51, "helper"));
+    write_proc(root, &p);
+    // Name checks back off from 150-250 ms: the next passes (15 ms apart)
+    // fall before the threads' first check, so only the rescan can see it.
+    let cfg = ObserveConfig {
+        thread_name_interval_ms: 3_600_000,
+        ..config(root)
+    };
+    let mut o = Observer::new(&cfg);
+    poll(&mut o);
+    p.comm = "after".into();
+    p.thread(50).comm = "after".into();
+    p.thread(51).comm = "helper-2".into();
+    write_proc(root, &p);
+    let s = poll(&mut o);
+    assert_eq!(proc_of(&s, 50).comm.as_ref(), "after");
+    let main = thread_of(&s, 50);
+    assert_eq!(main.comm.as_ref(), "after", "the main thread's rules see the new name");
+    assert!(main.changes.contains(Changes::RENAMED));
+    assert_eq!(thread_of(&s, 51).comm.as_ref(), "helper", "other threads wait for their name check");
+}
+
+#[test]
 fn renames_and_exec_are_reported_once() {
     let dir = TempDir::new("observe-rename");
     let root = dir.path();

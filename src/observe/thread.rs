@@ -263,7 +263,8 @@ impl ThreadEntry {
         self.name_interval = (self.name_interval * 2).min(ctx.name_interval_max);
     }
 
-    fn set_comm(&mut self, comm: &str) {
+    /// A new name for the thread (noted in `view.changes` if it differs).
+    pub(super) fn set_comm(&mut self, comm: &str) {
         if *self.view.comm != *comm {
             self.view.comm = Arc::from(comm);
             self.view.changes |= Changes::RENAMED;

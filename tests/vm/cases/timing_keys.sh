@@ -1,22 +1,24 @@
 #!/bin/sh
-# vm: --smp 2 --mem 1G --timeout 300
+# vm: --smp 2 --mem 1G --timeout 400
 #
 # Three [observe] keys decide how soon a change in a thread reaches the
-# kernel. Each is run at a short and a long value; a workload started after
-# the daemon attached changes AFTER s in (the daemon has been watching it),
-# and the time until the kernel holds the expected class is measured.
+# kernel. Each runs at a short and a long value; the workload starts after
+# the daemon attached, changes at a time chosen from the daemon's schedule
+# for it, and the time from the change until the kernel holds the expected
+# class is measured. Rules give class batch to the name "zt_after" and to
+# the cgroup /zt_rescan.
 #  thread_name_interval_ms: a thread other than the main one renames itself
-#    to "zt_after" (a rule: class batch) at 15 s. Names are re-read 200 ms
-#    after the daemon sees a thread (within a second or two of its start),
-#    then at doubling intervals up to this key: 0.2, 0.6, 1.4, 3.0, 6.2,
-#    12.6, 25.4 s... With 1000 the rename reaches the kernel within 3 s;
-#    with 30000 it does not (no check between 12.6 and 25.4 s) but does at
-#    the next check.
-#  rescan_interval_ms: the main thread of a process renames itself at 15 s; a
-#    process that is not ML is looked at again (its main thread's stat)
-#    every rescan_interval_ms. With name checks capped at an hour that is
-#    the only quick way: with 1000 the rename reaches the kernel within
-#    3 s, with 30000 it does not.
+#    to zt_after. Its name is re-read 0.2, 0.6, 1.4, 3.0, 6.2, 12.6,
+#    25.4 s... after the daemon sees it (each interval doubling up to the
+#    key, times a jitter j = 0.75 + (tid % 50) / 100); the rename comes 3 s
+#    after the 12.6 j check. With 1000 it reaches the kernel within 3 s;
+#    with 30000 not within 3 s (no check until 25.4 j), but at that check.
+#  rescan_interval_ms: a process that is not ML is moved to /zt_rescan.
+#    Its cgroup is re-read every rescan_interval_ms, the first time
+#    (pid % 97) / 97 of an interval after the daemon sees it; the move comes
+#    3 s after that first rescan if it falls in the first half of the
+#    interval, else 3 s after start. With 1000 the class reaches the kernel
+#    within 3 s; with 30000 not within 3 s.
 #  quiet_sample_interval_ms: a pool thread of an ML process, asleep for 7 s
 #    (held back as quiet after 1 s), starts reading fast (in-process
 #    DataLoading, class ml). Its process's CPU time is checked every
@@ -27,61 +29,108 @@
 . "$(dirname "$0")/../guest-lib.sh"
 
 W=/tmp/tk
-mkdir -p "$W"
-# delay NAME COMM CLASS CMD [OBSERVE KEYS...] : runs the daemon with those
-# keys and a rule giving class batch to "zt_after", starts CMD (which
-# changes after $AFTER s), and prints how long after the change a thread
-# named COMM got class CLASS in the kernel, or "none" if not within 15 s.
-delay() {
-  name=$1 comm=$2 class=$3 cmd=$4
-  shift 4
+CG=/sys/fs/cgroup/zt_rescan
+mkdir -p "$W" "$CG"
+
+# start_daemon NAME [OBSERVE KEYS...]
+start_daemon() {
+  name=$1
+  shift
   {
     echo '[observe]'
     for kv in "$@"; do echo "$kv"; done
     printf '\n[[rules]]\ncomm = "^zt_after$"\nclass = "batch"\n'
+    printf '\n[[rules]]\ncgroup = "^/zt_rescan$"\nclass = "batch"\n'
   } >"$W/$name.toml"
-  zernel_start "$W/$name.toml" >&2 || { echo fail; return; }
-  # shellcheck disable=SC2086
-  $cmd &
-  pid=$!
-  t0=$(uptime_s)
-  d=none
-  while alive "$pid"; do
-    el=$(awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { printf "%.1f", b - a - '"$AFTER"' }')
-    for t in $(tids_by_comm "$comm"); do
-      if [ "$(ztask "$t" class)" = "$class" ]; then d=$el; break 2; fi
-    done
-    awk -v e="$el" 'BEGIN { exit !(e > 15) }' && break
+  zernel_start "$W/$name.toml" >&2
+}
+# sleep_until T : sleeps until uptime T (seconds, fractional).
+sleep_until() {
+  _s=$(awk -v t="$1" -v n="$(uptime_s)" 'BEGIN { d = t - n; printf "%.2f", (d > 0 ? d : 0) }')
+  sleep "$_s"
+}
+# entry_after T0 LIMIT TID CLASS : seconds from uptime T0 until the kernel
+# holds CLASS for TID, or "none" after LIMIT s.
+entry_after() {
+  while :; do
+    _el=$(awk -v a="$1" -v b="$(uptime_s)" 'BEGIN { printf "%.1f", b - a }')
+    if [ "$(ztask "$3" class)" = "$4" ]; then echo "$_el"; return; fi
+    if awk -v e="$_el" -v l="$2" 'BEGIN { exit !(e > l) }'; then echo none; return; fi
     sleep 0.2
   done
-  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
-  zernel_stop TERM >&2
-  echo "$d"
+}
+# other_tid PID : a thread of PID other than the main one.
+other_tid() {
+  for _t in /proc/"$1"/task/*; do
+    [ "${_t##*/}" != "$1" ] && { echo "${_t##*/}"; return; }
+  done
 }
 within() { [ "$1" != none ] && awk -v d="$1" -v m="$2" 'BEGIN { exit !(d <= m) }'; }
 later() { [ "$1" = none ] || awk -v d="$1" -v m="$2" 'BEGIN { exit !(d > m) }'; }
 
-AFTER=15 SECS=32
-RENAME="zernel-workload hog --name zt_before --secs $SECS --rename zt_after --rename-after-ms $((AFTER * 1000))"
-d1=$(delay t1 zt_after batch "$RENAME --threads 2" "thread_name_interval_ms = 1000")
-d2=$(delay t2 zt_after batch "$RENAME --threads 2" "thread_name_interval_ms = 30000")
+# name_run CAP_MS : the delay for a renamed non-main thread.
+name_run() {
+  start_daemon "n$1" "thread_name_interval_ms = $1" || { echo fail; return; }
+  rm -f "$W/go"
+  zernel-workload hog --name zt_before --secs 60 --threads 2 --rename zt_after --rename-when "$W/go" &
+  hog=$!
+  t0=$(uptime_s)
+  wait_until 5 sh -c "[ \$(ls /proc/$hog/task 2>/dev/null | wc -l) -ge 2 ]"
+  tid=$(other_tid "$hog")
+  at=$(awk -v t="$tid" -v t0="$t0" 'BEGIN { j = 0.75 + (t % 50) / 100; printf "%.2f", t0 + 12.6 * j + 3 }')
+  sleep_until "$at"
+  : >"$W/go"
+  entry_after "$(uptime_s)" 18 "$tid" batch
+  kill "$hog" 2>/dev/null; wait "$hog" 2>/dev/null
+  zernel_stop TERM >&2
+}
+
+# rescan_run INTERVAL_MS : the delay for a process moved to /zt_rescan.
+rescan_run() {
+  start_daemon "r$1" "rescan_interval_ms = $1" || { echo fail; return; }
+  zernel-workload hog --name zt_moved --secs 60 &
+  hog=$!
+  t0=$(uptime_s)
+  at=$(awk -v p="$hog" -v i="$1" -v t0="$t0" 'BEGIN { s = (p % 97) / 97 * i / 1000
+    printf "%.2f", t0 + (s <= i / 2000 ? s + 3 : 3) }')
+  sleep_until "$at"
+  echo "$hog" >"$CG/cgroup.procs"
+  entry_after "$(uptime_s)" 10 "$hog" batch
+  kill "$hog" 2>/dev/null; wait "$hog" 2>/dev/null
+  zernel_stop TERM >&2
+}
+
+# quiet_run INTERVAL_MS : the delay for a quiet pool thread that starts loading.
+quiet_run() {
+  start_daemon "q$1" "quiet_sample_interval_ms = $1" || { echo fail; return; }
+  RANK=0 zernel-workload reader --name zt_qmain --secs 30 --thread zt_pool --start-ms 7000 &
+  pid=$!
+  t0=$(uptime_s)
+  wait_until 5 sh -c "[ \$(ls /proc/$pid/task 2>/dev/null | wc -l) -ge 2 ]"
+  tid=$(other_tid "$pid")
+  entry_after "$(awk -v t="$t0" 'BEGIN { print t + 7 }')" 10 "$tid" ml
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+  zernel_stop TERM >&2
+}
+
+d1=$(name_run 1000)
+d2=$(name_run 30000)
 echo "a renamed thread's class reached the kernel $d1 s after the rename with thread_name_interval_ms = 1000, $d2 s with 30000"
 check "thread_name_interval_ms = 1000: within 3 s" within "$d1" 3
 check "thread_name_interval_ms = 30000: not within 3 s" later "$d2" 3
-check "thread_name_interval_ms = 30000: but at the next name check (within 15 s)" within "$d2" 15
+check "thread_name_interval_ms = 30000: but at the next name check (within 18 s)" within "$d2" 18
 
-d3=$(delay r1 zt_after batch "$RENAME --threads 1" "rescan_interval_ms = 1000" "thread_name_interval_ms = 3600000")
-d4=$(delay r2 zt_after batch "$RENAME --threads 1" "rescan_interval_ms = 30000" "thread_name_interval_ms = 3600000")
-echo "a renamed main thread's class reached the kernel $d3 s after the rename with rescan_interval_ms = 1000, $d4 s with 30000"
+d3=$(rescan_run 1000)
+d4=$(rescan_run 30000)
+echo "a process moved to a rule's cgroup got its class $d3 s later with rescan_interval_ms = 1000, $d4 s with 30000"
 check "rescan_interval_ms = 1000: within 3 s" within "$d3" 3
 check "rescan_interval_ms = 30000: not within 3 s" later "$d4" 3
 
-AFTER=7 SECS=20
-POOL="env RANK=0 zernel-workload reader --name zt_qmain --secs $SECS --thread zt_pool --start-ms $((AFTER * 1000))"
-d5=$(delay q1 zt_pool ml "$POOL" "quiet_sample_interval_ms = 500")
-d6=$(delay q2 zt_pool ml "$POOL" "quiet_sample_interval_ms = 60000")
+d5=$(quiet_run 500)
+d6=$(quiet_run 60000)
 echo "a quiet pool thread that started reading got class ml $d5 s later with quiet_sample_interval_ms = 500, $d6 s with 60000"
 check "quiet_sample_interval_ms = 500: within 3 s" within "$d5" 3
 check "quiet_sample_interval_ms = 60000: not within 5 s" later "$d6" 5
+rmdir "$CG" 2>/dev/null
 check "dmesg is clean" dmesg_clean
 finish
