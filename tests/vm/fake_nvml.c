@@ -210,18 +210,6 @@ nvmlReturn_t nvmlShutdown(void)
 	return NVML_SUCCESS;
 }
 
-const char *nvmlErrorString(nvmlReturn_t r)
-{
-	switch (r) {
-	case NVML_SUCCESS: return "Success";
-	case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
-	case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
-	case NVML_ERROR_NOT_FOUND: return "Not Found";
-	case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
-	default: return "Unknown Error";
-	}
-}
-
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count)
 {
 	if (!initialized)
@@ -239,11 +227,6 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *d)
 		return NVML_ERROR_INVALID_ARGUMENT;
 	*d = (nvmlDevice_t)(uintptr_t)(index + 1);
 	return NVML_SUCCESS;
-}
-
-nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *index)
-{
-	return dev_index(d, index);
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int len)

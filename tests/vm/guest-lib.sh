@@ -181,6 +181,24 @@ zsample() {
   done
 }
 
+# zernel_sampled CFG SECS OUT [CMD...] : scx_zernel with CFG, its entries
+# sampled (zsample) for SECS s into OUT while CMD, if given, runs; then how
+# often each thread held each class, and the daemon stopped (SIGTERM, exit 0
+# asserted). Returns 1 if it did not attach.
+zernel_sampled() {
+  local cfg=$1 secs=$2 out=$3 zs
+  shift 3
+  zernel_start "$cfg" || return 1
+  : >"$out"
+  zsample "$secs" "$out" &
+  zs=$!
+  if [ $# -gt 0 ]; then "$@"; fi
+  wait "$zs"
+  sort "$out" | cut -d' ' -f1,2 | uniq -c
+  zernel_stop TERM
+  assert_eq "${cfg##*/}: exit 0" "$ZRC" 0
+}
+
 # tids_by_comm NAME : TIDs (one a line) of every thread whose comm is NAME.
 # No command substitution or external command per thread: under TCG with every
 # CPU busy, a fork per thread would make one call take seconds.

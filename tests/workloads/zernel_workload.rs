@@ -8,7 +8,7 @@
 //!                 [--decode-ms 500] [--kernel-ms 20] [--gpu-util 100]
 //!                 [--gpu-idle-util 0] [--no-env]
 //! zernel-workload hog --name NAME --secs S [--threads N] [--busy-pct P]
-//!                 [--rename NEW [--rename-after-ms MS] [--rename-when PATH]]
+//!                 [--rename NEW --rename-when PATH]
 //! zernel-workload threads --count N --secs S [--wake-ms 1000] [--ml]
 //! zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]
 //! zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS]
@@ -45,8 +45,8 @@
 //! # hog
 //! N threads (the main one included) named NAME spinning on the CPU; with
 //! --busy-pct P < 100, each spins P % of every 5 ms and sleeps the rest.
-//! With --rename NEW, after MS (and once PATH exists, if given) every thread
-//! but the main one (the main one when it is alone) renames itself NEW.
+//! With --rename NEW, once PATH exists every thread but the main one (the
+//! main one when it is alone) renames itself NEW.
 //!
 //! # threads
 //! A process with N mostly idle threads (`idle_<i>`), each waking every
@@ -82,7 +82,7 @@ fn usage() -> ! {
         "usage:\n  zernel-workload train --gpu-file PATH --secs S [--workers N] [--data-dir DIR] \
 [--compute-ms MS] [--allreduce-ms MS] [--optim-ms MS] [--decode-ms MS] [--kernel-ms MS] \
 [--gpu-util PCT] [--gpu-idle-util PCT] [--no-env]\n  \
-zernel-workload hog --name NAME --secs S [--threads N] [--busy-pct P] [--rename NEW [--rename-after-ms MS] [--rename-when PATH]]\n  \
+zernel-workload hog --name NAME --secs S [--threads N] [--busy-pct P] [--rename NEW --rename-when PATH]\n  \
 zernel-workload threads --count N --secs S [--wake-ms MS] [--ml]\n  \
 zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]\n  \
 zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS] [--busy-pct P]\n  \
@@ -215,13 +215,14 @@ fn hog(o: &Opts) {
     let n = o.num("threads", 1).max(1);
     let pct = o.num("busy-pct", 100);
     let until = Instant::now() + Duration::from_secs(secs);
-    // --rename NEW: after --rename-after-ms, or once the file --rename-when
-    // exists, every thread but the main one (the main one when it is alone)
-    // takes the name NEW.
-    let after = Instant::now() + Duration::from_millis(o.num("rename-after-ms", 0));
-    let when = o.str("rename-when").map(PathBuf::from);
-    let rename = o.str("rename").map(|r| (r.to_string(), after, when));
-    let run = move |rename: Option<(String, Instant, Option<PathBuf>)>| {
+    // --rename NEW: once the file --rename-when exists, every thread but the
+    // main one (the main one when it is alone) takes the name NEW.
+    let rename = match (o.str("rename"), o.str("rename-when")) {
+        (Some(new), Some(when)) => Some((new.to_string(), PathBuf::from(when))),
+        (None, None) => None,
+        _ => usage(),
+    };
+    let run = move |rename: Option<(String, PathBuf)>| {
         let burn = |end| {
             if pct >= 100 {
                 spin_until(end);
@@ -231,11 +232,9 @@ fn hog(o: &Opts) {
                 });
             }
         };
-        if let Some((new, at, when)) = rename {
+        if let Some((new, when)) = rename {
             // Checked every 10 ms.
-            while Instant::now() < until
-                && (Instant::now() < at || when.as_ref().is_some_and(|w| !w.exists()))
-            {
+            while Instant::now() < until && !when.exists() {
                 burn((Instant::now() + Duration::from_millis(10)).min(until));
             }
             set_name(&new);

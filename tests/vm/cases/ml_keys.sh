@@ -66,12 +66,7 @@ run() {
     for line in "$@"; do echo "$line"; done
   } >"$W/$name.toml"
   echo "--- run $name"; cat "$W/$name.toml"
-  zernel_start "$W/$name.toml" || return 1
-  : >"$W/$name"
-  zsample "$secs" "$W/$name"
-  sort "$W/$name" | cut -d' ' -f1,2 | uniq -c
-  zernel_stop TERM
-  assert_eq "run $name: exit 0" "$ZRC" 0
+  zernel_sampled "$W/$name.toml" "$secs" "$W/$name"
 }
 held() { grep -q "^$2 $3 " "$W/$1"; }         # held RUN COMM CLASS
 none() { ! grep -q "^$2 " "$W/$1"; }          # none RUN COMM

@@ -37,10 +37,17 @@ zernel-workload reader --name zt_read --secs 400 --open /dev/zt_gpu0 >"$W/reader
 reader=$!
 wait_until 10 sh -c "[ \$(ls /proc/$train/task 2>/dev/null | wc -l) -ge 4 ]"
 
+# first_entry OUT SECS : seconds until the reader has an entry, into OUT
+# ("none" if not within SECS s).
+first_entry() {
+  t0=$(uptime_s)
+  echo none >"$1"
+  wait_until "$2" sh -c "[ -n \"\$(scx_zernel inspect --tid $reader 2>/dev/null)\" ]" &&
+    awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { printf "%.1f\n", b - a }' >"$1"
+}
 # run NAME SECS [PHASE KEYS...] : the daemon with those [phase] keys; the
 # kernel's entries sampled for SECS s into $W/NAME (zsample lines);
-# $W/NAME.first holds how long after attach the reader got its first entry
-# ("none" if not within SECS s).
+# $W/NAME.first holds how long after attach the reader got its first entry.
 run() {
   name=$1 secs=$2
   shift 2
@@ -49,18 +56,7 @@ run() {
     for kv in "$@"; do echo "$kv"; done
   } >"$W/$name.toml"
   echo "--- run $name: $*"
-  zernel_start "$W/$name.toml" || return 1
-  t0=$(uptime_s)
-  : >"$W/$name"
-  zsample "$secs" "$W/$name" &
-  zs=$!
-  echo none >"$W/$name.first"
-  wait_until "$secs" sh -c "[ -n \"\$(scx_zernel inspect --tid $reader 2>/dev/null)\" ]" &&
-    awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { printf "%.1f\n", b - a }' >"$W/$name.first"
-  wait "$zs"
-  sort "$W/$name" | cut -d' ' -f1,2 | uniq -c
-  zernel_stop TERM
-  assert_eq "run $name: exit 0" "$ZRC" 0
+  zernel_sampled "$W/$name.toml" "$secs" "$W/$name" first_entry "$W/$name.first" "$secs"
 }
 held() { grep -q "^$2 $3 " "$W/$1"; }         # held RUN COMM CLASS
 none() { ! grep -q "^$2 " "$W/$1"; }          # none RUN COMM

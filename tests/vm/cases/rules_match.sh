@@ -139,7 +139,8 @@ wait_until 15 slice_is "$mlr" 4000
 assert_eq "ml = true: zt_mlrule keeps the rule's class" "$(ztask "$mlr" class)" normal
 assert_eq "ml = true: zt_mlrule is DataLoading inside it (slice 4000 us)" "$(ztask "$mlr" slice_us)" 4000
 assert_eq "no ml: zt_plain has the rule's class" "$(ztask "$plain" class)" normal
-check "no ml: zt_plain has no phase slice ($(ztask "$plain" slice_us))" sh -c "[ '$(ztask "$plain" slice_us)' != 4000 ]"
+plain_slice=$(ztask "$plain" slice_us)
+check "no ml: zt_plain has no phase slice ($plain_slice)" [ "$plain_slice" != 4000 ]
 kill $pin $mlr $plain 2>/dev/null; wait $pin $mlr $plain 2>/dev/null
 zernel_stop INT
 assert_eq "SIGINT: exit 0" "$ZRC" 0

@@ -49,7 +49,6 @@ expect_tunables() {
 # that share CPU 1, over SECS seconds (both start first and run throughout).
 nvcsw() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^nonvoluntary_ctxt_switches/ { s += $2 } END { print s + 0 }'; }
 switches() {
-  local pid s0 s1
   taskset -c 1 zernel-workload hog --name zt_spin --secs $(($1 + 4)) --threads 2 &
   pid=$!
   sleep 2
@@ -93,18 +92,17 @@ zernel_stop INT
 
 # 4. --mode presets on top of the same file.
 write_cfg 20000
-zernel_start "$C" --mode lowlatency || finish
-expect_tunables "--mode lowlatency" 350 750 1250 10000 20
-zernel_stop INT
-zernel_start "$C" --mode gaming || finish
-expect_tunables "--mode gaming" 350 750 1250 10000 20 800
-zernel_stop INT
-zernel_start "$C" --mode server || finish
-expect_tunables "--mode server" 1400 3000 5000 40000 80
-zernel_stop INT
-zernel_start "$C" --mode powersave || finish
-expect_tunables "--mode powersave" 1400 3000 5000 40000 80 0
-zernel_stop INT
+expect_mode() {   # expect_mode MODE TUNABLES... (as expect_tunables)
+  zernel_start "$C" --mode "$1" || finish
+  m=$1
+  shift
+  expect_tunables "--mode $m" "$@"
+  zernel_stop INT
+}
+expect_mode lowlatency 350 750 1250 10000 20
+expect_mode gaming 350 750 1250 10000 20 800
+expect_mode server 1400 3000 5000 40000 80
+expect_mode powersave 1400 3000 5000 40000 80 0
 
 # 5. task_map_size is the capacity of the kernel's map; once it is full,
 # further threads keep the default class and map_full counts them.
