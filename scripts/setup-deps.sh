@@ -34,8 +34,10 @@ die() { log "$*"; exit 1; }
 export DEBIAN_FRONTEND=noninteractive
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+# The installed qemu's major version, or nothing (never fails: no qemu is a normal state here).
 qemu_major() {
-  qemu-system-x86_64 --version 2>/dev/null | sed -n 's/.*version \([0-9]*\).*/\1/p' | head -n1
+  command -v qemu-system-x86_64 >/dev/null 2>&1 || return 0
+  qemu-system-x86_64 --version 2>/dev/null | sed -n 's/.*version \([0-9]*\).*/\1/p' | head -n1 || true
 }
 need_root() { [ "$(id -u)" = 0 ] || die "$1 is missing; run this script as root (sudo $0)"; }
 
