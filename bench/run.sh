@@ -5,7 +5,8 @@
 #   bench/run.sh [--short] [--reps N] [--no-peers] [--timeout S]
 #
 #   --short      1 rep, short durations: checks that the harness works end to
-#                end (numbers not meaningful); results go to bench/results/short/
+#                end (numbers not meaningful); results go to target/bench/short/
+#                (never into tracked files)
 #   --reps N     repetitions of every case under every scheduler (default 3;
 #                --short: 1)
 #   --no-peers   only EEVDF and scx_zernel (do not build or run the peers)
@@ -65,7 +66,7 @@ done
 [[ $TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "--timeout takes a positive integer"
 
 OUT=$ROOT/bench/results
-(( SHORT )) && OUT=$ROOT/bench/results/short
+(( SHORT )) && OUT=$ROOT/target/bench/short   # a test run leaves the checkout clean
 LOGDIR=$ROOT/target/bench
 mkdir -p "$OUT" "$LOGDIR" "$CACHE" || die "cannot create $OUT, $LOGDIR or $CACHE"
 T_START=$SECONDS
