@@ -4,8 +4,8 @@
 //! kernel regenerate its text. So a file is opened once and re-read with
 //! `pread(fd, buf, 0)`, saving the open (path walk, permission check) and
 //! close of every pass: on the reference VM an open+read+close of
-//! `schedstat` costs ~7 µs, a pread ~1.5 µs. A read stops at the first
-//! short read, one syscall per file for the small files read per pass.
+//! `schedstat` costs ~7 µs, a pread ~1.5 µs. A file is read until a read
+//! returns nothing: a short read is not the end of a seq_file.
 //!
 //! Cached fds are limited by an [`FdBudget`]; without budget a file is
 //! opened and closed per read. A cached fd pins the `struct pid`, not the
@@ -136,6 +136,15 @@ impl ReadBuf {
 
     /// Reads `file` from offset 0 to EOF.
     fn fill(&mut self, file: &File) -> io::Result<()> {
+        self.fill_with(|buf, off| file.read_at(buf, off))
+    }
+
+    /// Reads from offset 0 until a read returns nothing. A short read is not
+    /// the end: a seq_file (`/proc/<pid>/maps`, `mountinfo`...) returns at
+    /// most about a page per read(), whatever the buffer's size. The last,
+    /// empty, read is at the offset where the previous one stopped, which
+    /// the seq_file serves without regenerating the text.
+    fn fill_with(&mut self, mut read_at: impl FnMut(&mut [u8], u64) -> io::Result<usize>) -> io::Result<()> {
         self.len = 0;
         loop {
             if self.len == self.data.len() {
@@ -145,15 +154,11 @@ impl ReadBuf {
                 let n = self.data.len() * 2;
                 self.data.resize(n, 0);
             }
-            let want = self.data.len() - self.len;
-            let n = match file.read_at(&mut self.data[self.len..], self.len as u64) {
-                Ok(n) => n,
+            match read_at(&mut self.data[self.len..], self.len as u64) {
+                Ok(0) => return Ok(()),
+                Ok(n) => self.len += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
-            };
-            self.len += n;
-            if n < want {
-                return Ok(());
             }
         }
     }
@@ -355,6 +360,48 @@ mod tests {
         assert_eq!(budget.used(), 0);
         pf.read(|| f.clone(), &budget, &mut buf).unwrap();
         assert_eq!(buf.bytes().len(), 10_000);
+    }
+
+    /// A reader that serves `content` at most `chunk` bytes per call, as a
+    /// seq_file serves about a page per read() whatever the buffer's size.
+    fn chunked(content: &[u8], chunk: usize) -> impl FnMut(&mut [u8], u64) -> io::Result<usize> + '_ {
+        move |buf, off| {
+            let rest = content.get(off as usize..).unwrap_or_default();
+            let n = rest.len().min(buf.len()).min(chunk);
+            buf[..n].copy_from_slice(&rest[..n]);
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn short_reads_are_not_the_end_of_the_file() {
+        // A PyTorch process's maps: ~78 KB, the CUDA libraries far past the
+        // first page.
+        let mut maps = String::new();
+        for i in 0..1000 {
+            maps.push_str(&format!("7f{i:010x}-7f{i:010x} r-xp 00000000 08:01 {i} /usr/lib/libfoo{i}.so\n"));
+        }
+        maps.push_str("7fff00000000-7fff00001000 r-xp 00000000 08:01 9 /venv/lib/libtorch_cuda.so\n");
+        let mut buf = ReadBuf::default();
+        buf.fill_with(chunked(maps.as_bytes(), 3500)).unwrap();
+        assert_eq!(buf.bytes(), maps.as_bytes());
+        // Chunks that straddle the buffer's doubling, and one byte at a time.
+        for chunk in [1, 4095, 4096, 4097, 1 << 20] {
+            buf.fill_with(chunked(maps.as_bytes(), chunk)).unwrap();
+            assert_eq!(buf.bytes().len(), maps.len(), "chunk {chunk}");
+        }
+        // EINTR is retried; other errors are returned.
+        let mut first = true;
+        buf.fill_with(|b, off| {
+            if std::mem::take(&mut first) {
+                return Err(io::Error::from_raw_os_error(libc::EINTR));
+            }
+            chunked(b"abc", 2)(b, off)
+        })
+        .unwrap();
+        assert_eq!(buf.bytes(), b"abc");
+        let err = buf.fill_with(|_, _| Err(io::Error::from_raw_os_error(libc::EIO)));
+        assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EIO));
     }
 
     #[test]
