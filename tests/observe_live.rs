@@ -92,7 +92,7 @@ fn four_phases_on_the_right_threads_and_a_hog_stays_unknown() {
                 );
                 assert_eq!(t.role, ThreadRole::Trainer);
             }
-            if workers.contains(&t.tgid) && t.comm.as_ref() == "pt_multiprocess" {
+            if workers.contains(&t.tgid) && t.comm.as_ref() == "pt_data_worker" {
                 assert!(snap.process_of(t).loader_process);
                 assert_eq!(t.role, ThreadRole::DataLoader);
             }

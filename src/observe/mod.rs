@@ -74,7 +74,7 @@
 //! [`Observer::set_forced_ml`] (which wins, both ways). Evidence is cached
 //! per process incarnation (pid + start time) and re-evaluated after an exec
 //! (exe or cmdline change) or a rename. A child of an ML process is a DataLoader process
-//! when its name says so (`pt_multiprocess`, `pt_data_worker`), when it is a
+//! when its name says so (`pt_data_worker`), when it is a
 //! forked Python child (same interpreter and cmdline as its parent), or a
 //! multiprocessing spawn/forkserver child.
 //!

@@ -1,41 +1,45 @@
 //! Thread roles from thread names.
 //!
-//! PyTorch and NCCL name their threads (comm, at most 15 bytes):
+//! The names PyTorch 2.15 and NCCL 2.x give their threads (comm, at most 15
+//! bytes), each seen in a real run (CPU training with DataLoader workers,
+//! torchrun DDP over gloo) or read from the library that sets it:
 //!
 //! ```text
-//! name (prefix)          who sets it                         role
-//! pt_main_thread         PyTorch main thread                 Trainer
-//! pt_autograd_<n>        autograd engine, one per device     Autograd
-//! pt_multiprocess*       DataLoader worker (truncated)       DataLoader
-//! pt_data_worker         DataLoader worker (torch >= 2.1)    DataLoader
-//! pt_thread_data_*       thread-based data workers           DataLoader
-//! pt_data_pin            pin-memory thread                   PinMemory
-//! pt_nccl_watchdg        ProcessGroupNCCL watchdog           NcclMonitor
-//! pt_nccl_heartbt        ProcessGroupNCCL heartbeat monitor  NcclMonitor
-//! NCCL Progress<dev>     NCCL proxy progress thread          NcclProgress
-//! NCCL Service<dev>      NCCL proxy service thread           NcclService
-//! NCCL <other>           other NCCL threads (UDS, IbAsync..) NcclService
-//! pt_elastic             torchrun agent                      Other
+//! name (prefix)      set by                                               role
+//! pt_data_worker     torch/utils/data/_utils/worker.py (DataLoader worker) DataLoader
+//! pt_data_pin        torch/utils/data/_utils/pin_memory.py                 PinMemory
+//! pt_autograd_<n>    libtorch_cpu: autograd engine, one per device         Autograd
+//! pt_gloo_runloop    libtorch_cpu: ProcessGroupGloo worker threads         Gloo
+//! gloo_tcp_loop      libtorch_cpu: gloo's TCP transport event loop         Gloo
+//! pt_nccl_watchdg    libtorch_cuda: ProcessGroupNCCL watchdog              NcclMonitor
+//! pt_nccl_heartbt    libtorch_cuda: ProcessGroupNCCL heartbeat monitor     NcclMonitor
+//! NCCL Progress<n>   libnccl.so.2: proxy progress thread                   NcclProgress
+//! NCCL <other>       libnccl.so.2: Service, UDS Service, IbAsync, RAS...   NcclService
+//! pt_elastic         torch/distributed/run.py (the torchrun agent)         Other
+//! pt_tcpstore*       libtorch_cpu: TCPStore server (pt_tcpstore_uv)        Other
 //! ```
-//! NCCL only names its threads with NCCL_SET_THREAD_NAME=1. The main thread
-//! (tid == pid) of an ML process is the Trainer unless its name says
-//! otherwise; every thread of a DataLoader worker process is a DataLoader.
+//! The main thread keeps the interpreter's name (`python3`): PyTorch does not
+//! rename it. So the main thread (tid == pid) of an ML process is the
+//! Trainer unless its name says otherwise, and every thread of a DataLoader
+//! worker process is a DataLoader (a worker's helper threads keep the name
+//! `pt_data_worker` they inherit). NCCL names its threads only with
+//! NCCL_SET_THREAD_NAME=1.
 
 use super::types::ThreadRole;
 
 /// Role given by the name alone, if the name is a known one.
 pub fn role_from_name(comm: &str) -> Option<ThreadRole> {
     const TABLE: &[(&str, ThreadRole)] = &[
-        ("pt_main_thread", ThreadRole::Trainer),
-        ("pt_autograd_", ThreadRole::Autograd),
-        ("pt_multiprocess", ThreadRole::DataLoader),
         ("pt_data_worker", ThreadRole::DataLoader),
-        ("pt_thread_data_", ThreadRole::DataLoader),
         ("pt_data_pin", ThreadRole::PinMemory),
+        ("pt_autograd_", ThreadRole::Autograd),
+        ("pt_gloo_runloop", ThreadRole::Gloo),
+        ("gloo_tcp_loop", ThreadRole::Gloo),
         ("pt_nccl_", ThreadRole::NcclMonitor),
         ("NCCL Progress", ThreadRole::NcclProgress),
         ("NCCL ", ThreadRole::NcclService),
         ("pt_elastic", ThreadRole::Other),
+        ("pt_tcpstore", ThreadRole::Other),
     ];
     TABLE
         .iter()
@@ -73,16 +77,19 @@ mod tests {
     fn pytorch_and_nccl_names() {
         let r = |c| thread_role(c, true, false, false);
         assert_eq!(r("pt_autograd_0"), ThreadRole::Autograd);
-        assert_eq!(r("pt_multiprocess"), ThreadRole::DataLoader);
         assert_eq!(r("pt_data_worker"), ThreadRole::DataLoader);
-        assert_eq!(r("pt_thread_data_3"), ThreadRole::DataLoader);
         assert_eq!(r("pt_data_pin"), ThreadRole::PinMemory);
+        assert_eq!(r("pt_gloo_runloop"), ThreadRole::Gloo);
+        assert_eq!(r("gloo_tcp_loop"), ThreadRole::Gloo);
         assert_eq!(r("pt_nccl_watchdg"), ThreadRole::NcclMonitor);
         assert_eq!(r("pt_nccl_heartbt"), ThreadRole::NcclMonitor);
         assert_eq!(r("NCCL Progress 0"), ThreadRole::NcclProgress);
         assert_eq!(r("NCCL Service  1"), ThreadRole::NcclService);
-        assert_eq!(r("pt_main_thread"), ThreadRole::Trainer);
+        assert_eq!(r("pt_tcpstore_uv"), ThreadRole::Other);
         assert_eq!(r("python3"), ThreadRole::Other);
+        // Names no PyTorch 2.15 thread carries are nobody's.
+        assert_eq!(role_from_name("pt_main_thread"), None);
+        assert_eq!(role_from_name("pt_multiprocess"), None);
     }
 
     #[test]
@@ -107,7 +114,7 @@ mod tests {
             thread_role("pt_autograd_0", false, false, false),
             ThreadRole::NonMl
         );
-        assert!(is_loader_name("pt_multiprocess"));
+        assert!(is_loader_name("pt_data_worker"));
         assert!(!is_loader_name("pt_data_pin"));
     }
 }

@@ -88,7 +88,7 @@ fn machine(root: &Path) -> Vec<FakeProc> {
     trainer.threads.push(FakeThread::new(204, "python3"));
 
     // DataLoader worker renamed by PyTorch.
-    let mut worker = FakeProc::new(210, 200, "pt_multiprocess");
+    let mut worker = FakeProc::new(210, 200, "pt_data_worker");
     worker.env = vec![("PATH".into(), "/usr/bin".into())];
     // Forked Python child: same interpreter and cmdline, no name.
     let mut forked = FakeProc::new(211, 200, "python3");
@@ -161,7 +161,7 @@ fn ml_evidence_roles_and_loaders() {
     let w = proc_of(&s, 210);
     assert!(
         w.ml && w.loader_process,
-        "pt_multiprocess child is a loader"
+        "pt_data_worker child is a loader"
     );
     assert!(w.evidence.contains(MlEvidence::PARENT));
     let f = proc_of(&s, 211);

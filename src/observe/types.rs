@@ -23,13 +23,13 @@ pub fn ticks_to_ns(ticks: u64) -> u64 {
 pub enum ThreadRole {
     /// A thread of a process that is not ML.
     NonMl,
-    /// The main thread of an ML process (or any `pt_main_thread`): runs the
-    /// training loop, launches kernels, usually runs the optimizer.
+    /// The main thread of an ML process: runs the training loop (or serves
+    /// requests), launches kernels, usually runs the optimizer.
     Trainer,
     /// `pt_autograd_*`: the backward pass.
     Autograd,
-    /// A DataLoader worker (`pt_multiprocess`, `pt_data_worker`,
-    /// `pt_thread_data_*`) or any thread of a DataLoader worker process.
+    /// A DataLoader worker (`pt_data_worker`) or any thread of a DataLoader
+    /// worker process.
     DataLoader,
     /// `pt_data_pin`: the pin-memory thread.
     PinMemory,
@@ -39,6 +39,9 @@ pub enum ThreadRole {
     NcclService,
     /// PyTorch's NCCL monitor threads (`pt_nccl_watchdg`, `pt_nccl_heartbt`).
     NcclMonitor,
+    /// The gloo backend's collective threads: ProcessGroupGloo's workers
+    /// (`pt_gloo_runloop`) and its TCP transport loop (`gloo_tcp_loop`).
+    Gloo,
     /// Any other thread of an ML process.
     Other,
 }
@@ -55,15 +58,16 @@ impl ThreadRole {
             ThreadRole::NcclProgress => "nccl_progress",
             ThreadRole::NcclService => "nccl_service",
             ThreadRole::NcclMonitor => "nccl_monitor",
+            ThreadRole::Gloo => "gloo",
             ThreadRole::Other => "other",
         }
     }
 
-    /// A thread that works for the collective layer (NCCL/RCCL).
+    /// A thread that works for the collective layer (NCCL/RCCL, gloo).
     pub fn is_collective(self) -> bool {
         matches!(
             self,
-            ThreadRole::NcclProgress | ThreadRole::NcclService | ThreadRole::NcclMonitor
+            ThreadRole::NcclProgress | ThreadRole::NcclService | ThreadRole::NcclMonitor | ThreadRole::Gloo
         )
     }
 

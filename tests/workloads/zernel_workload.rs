@@ -19,7 +19,7 @@
 //! # train
 //!
 //! ```text
-//!  pt_multiprocess ×N  read a data file, decode (CPU) ──4 KiB batch──┐ pipe (8 KiB:
+//!  pt_data_worker ×N  read a data file, decode (CPU) ──4 KiB batch──┐ pipe (8 KiB:
 //!  (forked workers)                                                  │  prefetch 2)
 //!  pt_main_thread  <──────────────────────────────────────────────────┘
 //!    per step:  wait for a batch
@@ -610,7 +610,7 @@ fn make_data(dir: &Path) -> Vec<PathBuf> {
 
 /// A DataLoader worker: read a shard, decode it for `decode`, send a batch.
 fn worker(fd: libc::c_int, files: &[PathBuf], decode: Duration, id: usize) -> ! {
-    set_name("pt_multiprocess");
+    set_name("pt_data_worker");
     // SAFETY: plain libc calls on values we own.
     unsafe {
         libc::prctl(

@@ -48,14 +48,14 @@ saw() { grep -q "phase tid=.*comm=\"$1\".* -> $2\$" "$ZLOG"; }
 check "GpuCompute detected on the trainer (pt_main_thread)" saw pt_main_thread gpu_compute
 check "OptimizerStep detected on the trainer (pt_main_thread)" saw pt_main_thread optimizer_step
 check "NcclCollective detected on NCCL Progress 0" saw "NCCL Progress 0" nccl_collective
-check "DataLoading detected on a DataLoader worker (pt_multiprocess)" saw pt_multiprocess data_loading
+check "DataLoading detected on a DataLoader worker (pt_data_worker)" saw pt_data_worker data_loading
 held() { grep -q "^$1 $2 " "$W/classes"; }
 check "kernel holds class latency for the trainer (GpuCompute policy)" held pt_main_thread latency
 check "kernel holds class ml for the trainer (OptimizerStep policy)" held pt_main_thread ml
 check "kernel holds class latency for NCCL Progress 0 (NcclCollective policy)" held NCCL_Progress_0 latency
-check "kernel holds class ml for a DataLoader worker (DataLoading policy)" held pt_multiprocess ml
+check "kernel holds class ml for a DataLoader worker (DataLoading policy)" held pt_data_worker ml
 check "kernel holds the configured DataLoading policy: slice 3000 us (target 6000), preempt" \
-  grep -q "^pt_multiprocess ml 3000 1\$" "$W/classes"
+  grep -q "^pt_data_worker ml 3000 1\$" "$W/classes"
 no_loop_phase() { ! grep -q "phase tid=$loop " "$ZLOG"; }
 check "the shell loop never left Unknown" no_loop_phase
 assert_eq "the shell loop has no map entry" "$(ztask "$loop" class)" ""
