@@ -27,7 +27,7 @@ use scx_stats::prelude::StatsServer;
 
 use crate::config::{Config, ConfigError};
 use crate::gpu::{self, GpuProvider};
-use crate::observe::{Observer, ProcessView, Snapshot};
+use crate::observe::{Changes, Observer, ProcessView, Snapshot};
 use crate::phase::{Phase, PhaseDetector};
 use crate::policy::{Decision, Facts};
 use crate::tenants::Tenants;
@@ -231,6 +231,26 @@ impl Pipeline {
         for g in &snap.gone {
             self.matched.remove(&(g.tid as u32));
         }
+        // Operators see each job found (or lost), with the evidence for it.
+        let ml_news = |p: &&ProcessView| p.changes.contains(Changes::ML) || (p.ml && p.changes.contains(Changes::NEW));
+        for p in snap.processes.iter().filter(ml_news) {
+            if p.ml {
+                let num = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
+                info!(
+                    "ML process pid={} comm={:?} evidence={} ({}) rank={} local_rank={} world_size={} loader={}",
+                    p.pid,
+                    p.comm,
+                    p.evidence,
+                    if p.evidence_detail.is_empty() { "inherited" } else { &p.evidence_detail },
+                    num(p.env.rank),
+                    num(p.env.local_rank),
+                    num(p.env.world_size),
+                    p.loader_process
+                );
+            } else {
+                info!("pid={} comm={:?} is no longer ML", p.pid, p.comm);
+            }
+        }
         // Phases first: the decisions below read them.
         for c in self.detector.update(snap) {
             if log::log_enabled!(log::Level::Debug) {
@@ -263,6 +283,7 @@ impl Pipeline {
             let matched = matched.as_ref();
             let phase = if t.ml { self.detector.phase(t.tid) } else { Phase::Unknown };
             let facts = Facts {
+                ml: t.ml,
                 rule: matched.map(|m| m.verdict),
                 phase,
                 node: if t.ml { self.topo.preferred_node_for_gpus(&p.gpu.devices) } else { None },

@@ -11,8 +11,12 @@
 //! half of it, so that a runnable thread of the same class that has just
 //! been passed over runs again within the target. A rule gives the class;
 //! the phase then refines slice and preemption inside that class. A thread
-//! with neither a rule nor a known phase gets no decision (the kernel's
-//! default class applies and no map entry is spent on it).
+//! of an ML process in no known phase (a trainer with no GPU data, an
+//! inference server, a pool thread) gets `policy.ml_unknown`'s class (ml by
+//! default), so a job is never queued below its own DataLoader workers. A
+//! thread of no ML process with neither a rule nor a placement gets no
+//! decision (the kernel's default class applies and no map entry is spent
+//! on it).
 
 use serde::{Deserialize, Serialize};
 
@@ -36,6 +40,12 @@ pub struct PhasePolicy {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
+    /// The class of an ML process's threads that are in no known phase
+    /// (Unknown): a trainer or an inference server when no GPU data is
+    /// available, intra-op pool threads. Slice: the class default; no
+    /// preemption. "none": no decision for them (the default class).
+    #[serde(with = "class_or_none")]
+    pub ml_unknown: Option<Class>,
     /// DataLoader workers reading and decoding: keep the input pipeline fed.
     pub data_loading: PhasePolicy,
     /// The thread launching GPU kernels: wake it at once, the GPU waits on it.
@@ -49,6 +59,7 @@ pub struct PolicyConfig {
 impl Default for PolicyConfig {
     fn default() -> Self {
         Self {
+            ml_unknown: Some(Class::Ml),
             data_loading: PhasePolicy { class: Class::Ml, preempt: false, latency_target_us: 8000 },
             gpu_compute: PhasePolicy { class: Class::Latency, preempt: true, latency_target_us: 2000 },
             nccl_collective: PhasePolicy {
@@ -121,18 +132,22 @@ pub struct Decision {
 
 impl PolicyConfig {
     /// The decision for a thread, or None when the kernel default applies.
-    /// A thread with a GPU node or a tenant but neither rule nor phase still
-    /// gets a decision, in `default_class`, so that it is placed near its
-    /// GPU and charged to its tenant.
+    /// A thread of an ML process with neither rule nor phase gets
+    /// `ml_unknown`'s class. Any other thread with a GPU node or a tenant
+    /// but neither rule nor phase still gets a decision, in
+    /// `default_class`, so that it is placed near its GPU and charged to its
+    /// tenant.
     pub fn decide(&self, f: &Facts, default_class: Class) -> Option<Decision> {
         let pp = self.for_phase(f.phase);
         let rule = f.rule.unwrap_or_default();
         let placed = f.node.is_some() || f.tenant.is_some() || rule.cpu.is_some() || rule.slice_us.is_some();
-        let class = match (rule.class, pp) {
-            (Some(c), _) => c,
-            (None, Some(p)) => p.class,
-            (None, None) if placed => default_class,
-            (None, None) => return None,
+        let ml_unknown = if f.ml { self.ml_unknown } else { None };
+        let class = match (rule.class, pp, ml_unknown) {
+            (Some(c), _, _) => c,
+            (None, Some(p), _) => p.class,
+            (None, None, Some(c)) => c,
+            (None, None, None) if placed => default_class,
+            (None, None, None) => return None,
         };
         let slice_ns = match (rule.slice_us, pp) {
             (Some(us), _) => us * 1000,
@@ -153,12 +168,38 @@ impl PolicyConfig {
 /// What is known of a thread when its decision is made.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Facts {
+    /// The thread's process is an ML process.
+    pub ml: bool,
     pub rule: Option<RuleVerdict>,
     pub phase: Phase,
     /// NUMA node of the thread's GPU.
     pub node: Option<usize>,
     /// Tenant index.
     pub tenant: Option<usize>,
+}
+
+/// `policy.ml_unknown` in TOML: a class name, or "none".
+mod class_or_none {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    use crate::config::Class;
+
+    pub fn serialize<S: Serializer>(v: &Option<Class>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(v.map_or("none", Class::name))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Class>, D::Error> {
+        let name = String::deserialize(d)?;
+        if name == "none" {
+            return Ok(None);
+        }
+        match Class::ALL.iter().find(|c| c.name() == name) {
+            Some(&c) => Ok(Some(c)),
+            None => Err(D::Error::custom(format!(
+                "unknown class '{name}', expected none, latency, ml, normal or batch"
+            ))),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -168,13 +209,13 @@ mod tests {
     #[test]
     fn every_ml_phase_has_a_decision_and_unknown_has_none() {
         let p = PolicyConfig::default();
-        assert_eq!(p.decide(&Facts { rule: None, phase: Phase::Unknown, node: None, tenant: None }, Class::Normal), None);
-        let gc = p.decide(&Facts { rule: None, phase: Phase::GpuCompute, node: None, tenant: None }, Class::Normal).unwrap();
+        assert_eq!(p.decide(&Facts { ml: false, rule: None, phase: Phase::Unknown, node: None, tenant: None }, Class::Normal), None);
+        let gc = p.decide(&Facts { ml: false, rule: None, phase: Phase::GpuCompute, node: None, tenant: None }, Class::Normal).unwrap();
         assert_eq!((gc.class, gc.preempt, gc.slice_ns, gc.node), (Class::Latency, true, 1_000_000, -1));
-        let nc = p.decide(&Facts { rule: None, phase: Phase::NcclCollective, node: Some(1), tenant: None }, Class::Normal).unwrap();
+        let nc = p.decide(&Facts { ml: false, rule: None, phase: Phase::NcclCollective, node: Some(1), tenant: None }, Class::Normal).unwrap();
         assert_eq!((nc.class, nc.node), (Class::Latency, 1));
-        assert_eq!(p.decide(&Facts { rule: None, phase: Phase::DataLoading, node: None, tenant: None }, Class::Normal).unwrap().class, Class::Ml);
-        let os = p.decide(&Facts { rule: None, phase: Phase::OptimizerStep, node: None, tenant: None }, Class::Normal).unwrap();
+        assert_eq!(p.decide(&Facts { ml: false, rule: None, phase: Phase::DataLoading, node: None, tenant: None }, Class::Normal).unwrap().class, Class::Ml);
+        let os = p.decide(&Facts { ml: false, rule: None, phase: Phase::OptimizerStep, node: None, tenant: None }, Class::Normal).unwrap();
         assert_eq!((os.class, os.preempt, os.slice_ns), (Class::Ml, false, 8_000_000));
     }
 
@@ -182,18 +223,18 @@ mod tests {
     fn rule_class_wins_and_phase_refines() {
         let p = PolicyConfig::default();
         let r = RuleVerdict { class: Some(Class::Batch), slice_us: None, cpu: Some(3) };
-        let d = p.decide(&Facts { rule: Some(r), phase: Phase::GpuCompute, node: None, tenant: None }, Class::Normal).unwrap();
+        let d = p.decide(&Facts { ml: false, rule: Some(r), phase: Phase::GpuCompute, node: None, tenant: None }, Class::Normal).unwrap();
         assert_eq!((d.class, d.preempt, d.slice_ns, d.cpu), (Class::Batch, true, 1_000_000, 3));
-        let d = p.decide(&Facts { rule: Some(r), phase: Phase::Unknown, node: None, tenant: None }, Class::Normal).unwrap();
+        let d = p.decide(&Facts { ml: false, rule: Some(r), phase: Phase::Unknown, node: None, tenant: None }, Class::Normal).unwrap();
         assert_eq!((d.class, d.preempt, d.slice_ns), (Class::Batch, false, 0));
         let r = RuleVerdict { slice_us: Some(500), ..Default::default() };
-        let d = p.decide(&Facts { rule: Some(r), phase: Phase::DataLoading, node: None, tenant: None }, Class::Normal).unwrap();
+        let d = p.decide(&Facts { ml: false, rule: Some(r), phase: Phase::DataLoading, node: None, tenant: None }, Class::Normal).unwrap();
         assert_eq!((d.class, d.slice_ns), (Class::Ml, 500_000));
         // A rule with only a slice keeps the default class.
-        let d = p.decide(&Facts { rule: Some(r), phase: Phase::Unknown, node: None, tenant: None }, Class::Batch).unwrap();
+        let d = p.decide(&Facts { ml: false, rule: Some(r), phase: Phase::Unknown, node: None, tenant: None }, Class::Batch).unwrap();
         assert_eq!((d.class, d.slice_ns), (Class::Batch, 500_000));
         // A GPU's node alone gives a placement in the default class.
-        let d = p.decide(&Facts { rule: None, phase: Phase::Unknown, node: Some(1), tenant: None }, Class::Normal).unwrap();
+        let d = p.decide(&Facts { ml: false, rule: None, phase: Phase::Unknown, node: Some(1), tenant: None }, Class::Normal).unwrap();
         assert_eq!((d.class, d.node, d.slice_ns, d.preempt, d.tenant), (Class::Normal, 1, 0, false, -1));
         // A tenant alone too, and the tenant rides along with a phase.
         let d = p.decide(&Facts { tenant: Some(2), ..Default::default() }, Class::Batch).unwrap();
@@ -202,6 +243,31 @@ mod tests {
         assert_eq!((d.class, d.tenant), (Class::Ml, 0));
         // Nothing to say: no decision.
         assert_eq!(p.decide(&Facts { rule: Some(RuleVerdict::default()), ..Default::default() }, Class::Normal), None);
+    }
+
+    #[test]
+    fn ml_threads_in_no_phase_get_the_ml_unknown_class() {
+        let mut p = PolicyConfig::default();
+        let unknown = Facts { ml: true, ..Default::default() };
+        let d = p.decide(&unknown, Class::Normal).unwrap();
+        assert_eq!((d.class, d.slice_ns, d.preempt), (Class::Ml, 0, false));
+        // A phase, or a rule's class, wins over it.
+        let gc = Facts { ml: true, phase: Phase::GpuCompute, ..Default::default() };
+        assert_eq!(p.decide(&gc, Class::Normal).unwrap().class, Class::Latency);
+        let r = RuleVerdict { class: Some(Class::Batch), ..Default::default() };
+        assert_eq!(p.decide(&Facts { rule: Some(r), ..unknown }, Class::Normal).unwrap().class, Class::Batch);
+        // Not for threads of other processes.
+        assert_eq!(p.decide(&Facts::default(), Class::Normal), None);
+        // "none" turns it off.
+        p.ml_unknown = None;
+        assert_eq!(p.decide(&unknown, Class::Normal), None);
+        let c: PolicyConfig = toml::from_str("ml_unknown = \"none\"").unwrap();
+        assert_eq!(c.ml_unknown, None);
+        let c: PolicyConfig = toml::from_str("ml_unknown = \"batch\"").unwrap();
+        assert_eq!(c.ml_unknown, Some(Class::Batch));
+        let e = toml::from_str::<PolicyConfig>("ml_unknown = \"fast\"").unwrap_err().to_string();
+        assert!(e.contains("unknown class 'fast'"), "{e}");
+        assert_eq!(toml::from_str::<PolicyConfig>("").unwrap(), PolicyConfig::default());
     }
 
     #[test]

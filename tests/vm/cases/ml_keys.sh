@@ -62,7 +62,9 @@ run() {
   name=$1 secs=$2
   shift 2
   {
-    printf '[gpu]\nprovider = "file"\nfile = "%s"\n' "$W/gpu.json"
+    # No class for ML threads in no phase: each entry checked below comes
+    # from a phase (or proves the process ML through one).
+    printf '[policy]\nml_unknown = "none"\n\n[gpu]\nprovider = "file"\nfile = "%s"\n' "$W/gpu.json"
     for line in "$@"; do echo "$line"; done
   } >"$W/$name.toml"
   echo "--- run $name"; cat "$W/$name.toml"

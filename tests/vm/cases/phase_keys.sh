@@ -7,7 +7,7 @@
 # /dev/zero; ML by a fake device fd) run throughout; the daemon is restarted
 # with one set of [phase] keys at a time, and the classes the kernel holds
 # for each thread are sampled (trainer pt_main_thread, NCCL Progress 0, the
-# DataLoader worker pt_multiprocess, the reader zt_read).
+# DataLoader worker pt_data_worker, the reader zt_read).
 #  A  gpu_idle_util_pct = 25: GpuCompute (60 >= 30) and OptimizerStep
 #     (20 <= 25) on the trainer, NcclCollective, DataLoading on the worker
 #     and on the reader (well over 32 MiB/s) all reach the kernel. (The
@@ -52,7 +52,8 @@ run() {
   name=$1 secs=$2
   shift 2
   {
-    printf '[gpu]\nprovider = "file"\nfile = "%s"\n\n[observe]\nml_device_prefixes = ["/dev/zt_gpu"]\n\n[phase]\n' "$W/gpu.json"
+    # No class for ML threads in no phase: every entry here is a phase's.
+    printf '[policy]\nml_unknown = "none"\n\n[gpu]\nprovider = "file"\nfile = "%s"\n\n[observe]\nml_device_prefixes = ["/dev/zt_gpu"]\n\n[phase]\n' "$W/gpu.json"
     for kv in "$@"; do echo "$kv"; done
   } >"$W/$name.toml"
   echo "--- run $name: $*"
@@ -65,7 +66,7 @@ run A 15 "gpu_idle_util_pct = 25" || finish
 check "A: GpuCompute on the trainer (60 % >= 30): kernel class latency" held A pt_main_thread latency
 check "A: OptimizerStep on the trainer (20 % <= 25): kernel class ml" held A pt_main_thread ml
 check "A: NcclCollective: kernel class latency" held A NCCL_Progress_0 latency
-check "A: DataLoading on the worker: kernel class ml" held A pt_multiprocess ml
+check "A: DataLoading on the worker: kernel class ml" held A pt_data_worker ml
 check "A: DataLoading in-process on the reader: kernel class ml" held A zt_read ml
 
 run B 15 "gpu_busy_util_pct = 70" "nccl_min_switches_per_sec = 10000000.0" \
@@ -73,7 +74,7 @@ run B 15 "gpu_busy_util_pct = 70" "nccl_min_switches_per_sec = 10000000.0" \
 check "B: gpu_busy_util_pct = 70, gpu_idle_util_pct = 10: no entry for the trainer" none B pt_main_thread
 check "B: nccl_min_switches_per_sec = 1e7: no entry for NCCL Progress 0" none B NCCL_Progress_0
 check "B: inproc_load_min_read_bytes_per_sec = 1 TiB/s: no entry for the reader" none B zt_read
-check "B: the worker is still DataLoading (class ml)" held B pt_multiprocess ml
+check "B: the worker is still DataLoading (class ml)" held B pt_data_worker ml
 
 run C 15 "gpu_idle_util_pct = 25" "nccl_min_busy_frac = 1.0" || finish
 check "C: nccl_min_busy_frac = 1.0: no entry for NCCL Progress 0" none C NCCL_Progress_0

@@ -37,6 +37,9 @@ start_daemon() {
   name=$1
   shift
   {
+    # No class for ML threads in no phase: the pool thread's class must come
+    # from its phase, when the daemon samples it.
+    printf '[policy]\nml_unknown = "none"\n\n'
     echo '[observe]'
     for kv in "$@"; do echo "$kv"; done
     printf '\n[[rules]]\ncomm = "^zt_after$"\nclass = "batch"\n'
