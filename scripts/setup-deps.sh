@@ -15,14 +15,22 @@
 #     bookworm-backports: bookworm's qemu 7.2 crashes guests under multi-threaded
 #     TCG when sched_ext patches static keys;
 #   - the guest kernel: Debian's sched_ext-enabled kernel, downloaded into the
-#     harness cache by tests/vm/vmrun.sh --fetch-only.
+#     harness cache by tests/vm/vmrun.sh --fetch-only;
+#   - the real-framework guests: a Python venv in
+#     ${XDG_CACHE_HOME:-~/.cache}/scx-zernel/venv with PyTorch 2.15.0 (the CUDA
+#     build from PyPI, ~5 GB; it runs on the CPU), numpy and virtme-ng 1.42, and
+#     virtiofsd (cargo install; needs libseccomp-dev and libcap-ng-dev), with
+#     which virtme-ng boots the guest kernel on a read-only view of this root.
 # The Rust toolchain (cargo via rustup) is expected to be installed already.
 # /etc/apt is never modified: backports are used through a private sources list.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VMRUN=$ROOT/tests/vm/vmrun.sh
-PKGS=(clang-19 libelf-dev zlib1g-dev pkg-config make gcc busybox-static stress-ng rt-tests systemd)
+PKGS=(clang-19 libelf-dev zlib1g-dev pkg-config make gcc busybox-static stress-ng rt-tests systemd
+      libseccomp-dev libcap-ng-dev python3-venv)
+TORCH=torch==2.15.0 VIRTME=virtme-ng==1.42 VIRTIOFSD=virtiofsd@1.14.0
+VENV=${VMRUN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel/venv}
 QEMU_MIN=10
 BUILD_ONLY=0
 if [ "${1:-}" = --build-only ]; then
@@ -80,6 +88,34 @@ fi
 # ---- the Rust toolchain --------------------------------------------------------------------
 if ! command -v cargo >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
   die "cargo not found: install Rust >= 1.91 with rustup (https://rustup.rs) and run this again"
+fi
+
+# ---- PyTorch and virtme-ng in a venv, virtiofsd ---------------------------------------------------
+# The venv is reused while it holds the pinned versions; a half-made one is made again.
+venv_ok() {
+  "$VENV/bin/python" -c 'import importlib.metadata as m, sys
+want = {"torch": "2.15.0", "virtme-ng": "1.42"}
+sys.exit(any(m.version(k) != v for k, v in want.items()))' 2>/dev/null && [ -x "$VENV/bin/vng" ]
+}
+if [ "$BUILD_ONLY" = 0 ]; then
+  if venv_ok; then
+    log "PyTorch and virtme-ng already in $VENV"
+  else
+    py=$(command -v python3) || die "python3 not found (apt-get install python3 python3-venv)"
+    log "installing $TORCH, numpy and $VIRTME into $VENV (about 5 GB, once)"
+    rm -rf "$VENV"
+    "$py" -m venv "$VENV" || die "python3 -m venv $VENV failed"
+    "$VENV/bin/pip" install -q --progress-bar off "$TORCH" numpy "$VIRTME" \
+      || die "pip install $TORCH numpy $VIRTME into $VENV failed"
+    venv_ok || die "$VENV does not hold $TORCH and $VIRTME after pip install"
+  fi
+  cargo_bin=${CARGO_HOME:-$HOME/.cargo}/bin
+  if PATH=/usr/libexec:/usr/lib/qemu:$cargo_bin:$PATH command -v virtiofsd >/dev/null; then
+    log "virtiofsd already installed"
+  else
+    log "building $VIRTIOFSD (cargo install)"
+    PATH=$cargo_bin:$PATH cargo install -q --locked "$VIRTIOFSD" || die "cargo install --locked $VIRTIOFSD failed"
+  fi
 fi
 
 # ---- the guest kernel --------------------------------------------------------------------------

@@ -30,6 +30,8 @@ cd "$ROOT" || exit 2
 CASEDIR=tests/vm/cases
 LOGDIR=$ROOT/target/vm-logs
 CASE_TIMEOUT=300   # default per-case limit; a case's header may override it
+# The venv with PyTorch and virtme-ng that scripts/setup-deps.sh installs.
+VENV=${VMRUN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel/venv}
 
 INSTALL=0 UNIT=1 VM=1 VERBOSE=0 SELECTED=()
 [ "${CI:-}" = true ] && INSTALL=1
@@ -86,7 +88,8 @@ result() {
 if (( UNIT )); then
   echo "=== unit: cargo test --release"
   t0=$SECONDS
-  if cargo test --release; then result PASS unit $((SECONDS - t0))
+  # The host tests against real PyTorch (tests/observe_pytorch.rs) must run here.
+  if ZERNEL_PYTHON=$VENV/bin/python ZERNEL_REQUIRE_TORCH=1 cargo test --release; then result PASS unit $((SECONDS - t0))
   else result FAIL unit $((SECONDS - t0)); fi
   echo "=== unit: tests/packaging.sh (systemd unit, scx_loader snippet, DaemonSet)"
   t1=$SECONDS
@@ -109,7 +112,13 @@ run_case() {
   local cmd=(tests/vm/vmrun.sh --timeout "$CASE_TIMEOUT" "${vmopts[@]}"
              --console "$LOGDIR/$name.console" -e RUST_BACKTRACE=1)
   (( VERBOSE )) && cmd+=(-v)
-  cmd+=(--add "${ADDS[@]}" -- sh "$f")
+  # A --host-root guest sees this host's files as they are: it needs only the
+  # binaries on its PATH, and the PyTorch venv's Python.
+  if [[ " ${vmopts[*]} " == *" --host-root "* ]]; then
+    cmd+=(-e "ZERNEL_PYTHON=$VENV/bin/python" --add "${BIN_ADDS[@]}" -- sh "$f")
+  else
+    cmd+=(--add "${ADDS[@]}" -- sh "$f")
+  fi
   if (( VERBOSE )); then "${cmd[@]}" 2>&1 | tee "$log"; rc=${PIPESTATUS[0]}
   else "${cmd[@]}" >"$log" 2>&1; rc=$?; fi
   if [ "$rc" -eq 0 ]; then result PASS "$name" $((SECONDS - t0))
@@ -128,9 +137,9 @@ if (( VM )) && [ ${#CASES[@]} -gt 0 ]; then
   else
     BUILD_TIME=$((SECONDS - t_vm))
     # Everything a case may run, at the paths it expects in the guest.
-    ADDS=("$ROOT/target/release/scx_zernel=/usr/local/bin/scx_zernel"
-          "$ROOT/target/release/zernel-workload=/usr/local/bin/zernel-workload"
-          "$ROOT/tests/vm")
+    BIN_ADDS=("$ROOT/target/release/scx_zernel=/usr/local/bin/scx_zernel"
+              "$ROOT/target/release/zernel-workload=/usr/local/bin/zernel-workload")
+    ADDS=("${BIN_ADDS[@]}" "$ROOT/tests/vm")
     [ -d "$ROOT/configs" ] && ADDS+=("$ROOT/configs")
     # The stand-in NVML library (no GPU here): the nvml case loads it.
     mkdir -p "$ROOT/target/fake-nvml"
@@ -161,6 +170,20 @@ if (( VM )) && (( UNIT )) && [ ${#SELECTED[@]} -eq 0 ]; then
   t0=$SECONDS
   if bench/run.sh --short --no-peers >"$LOGDIR/bench-short.log" 2>&1; then result PASS bench-short $((SECONDS - t0))
   else result FAIL bench-short $((SECONDS - t0)) "$LOGDIR/bench-short.log"; fi
+fi
+
+# ---- the demo, short mode ---------------------------------------------------------------------
+# scripts/demo.sh end to end (one VM boot, real PyTorch, EEVDF then
+# scx_zernel, 15 s each): both rows of its table printed, exit 0. Its numbers
+# are not judged here.
+if (( VM )) && (( UNIT )) && [ ${#SELECTED[@]} -eq 0 ]; then
+  echo "=== demo: scripts/demo.sh --short"
+  t0=$SECONDS
+  if scripts/demo.sh --short >"$LOGDIR/demo-short.log" 2>&1 \
+     && grep -Eq '^EEVDF +[0-9.]+ +1\.00 ' "$LOGDIR/demo-short.log" \
+     && grep -Eq '^scx_zernel +[0-9.]+ +[0-9.]+ ' "$LOGDIR/demo-short.log"; then
+    result PASS demo-short $((SECONDS - t0))
+  else result FAIL demo-short $((SECONDS - t0)) "$LOGDIR/demo-short.log"; fi
 fi
 
 # ---- summary ------------------------------------------------------------------------------

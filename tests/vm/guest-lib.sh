@@ -19,6 +19,10 @@
 #   wait_until SECS CMD...          poll CMD every 0.2 s until it succeeds
 #   zcounter CLASS STAT, zcounter_sum STAT, zglobal NAME, ztask TID FIELD
 #                                   values from `scx_zernel inspect`
+#   zentries, zholds COMM CLASS SLICE PREEMPT
+#                                   the kernel's entries by thread name
+#   ztask_is TID FIELD VALUE, zcounter_gt CLASS STAT N, file_gt FILE N
+#                                   conditions for wait_until
 #   tids_by_comm NAME               TIDs of all threads whose comm is NAME
 #   alive PID                       PID exists and is not a zombie
 #   dmesg_new, dmesg_clean          kernel log since the case started
@@ -64,12 +68,14 @@ _int_cmp() {   # _int_cmp ge|gt DESC A B
 assert_ge() { _int_cmp ge "$@"; }
 assert_gt() { _int_cmp gt "$@"; }
 
-# wait_until SECS CMD... : true as soon as CMD succeeds, false after SECS.
+# wait_until SECS CMD... : true as soon as CMD succeeds, false once SECS
+# seconds of the guest's clock have passed (however long each try takes).
 wait_until() {
-  local n=$(($1 * 5)); shift
-  while [ "$n" -gt 0 ]; do
+  local end
+  end=$(( $(cut -d. -f1 /proc/uptime) + $1 )); shift
+  while [ "$(cut -d. -f1 /proc/uptime)" -lt "$end" ]; do
     "$@" && return 0
-    sleep 0.2; n=$((n - 1))
+    sleep 0.2
   done
   "$@"
 }
@@ -150,6 +156,12 @@ zcounter_sum() {
 zglobal() {
   scx_zernel inspect 2>/dev/null | awk -v n="$1" '$1 == "global" && $2 == n { print $3 }'
 }
+# ztask_is TID FIELD VALUE : the kernel's entry for TID has FIELD = VALUE.
+ztask_is() { [ "$(ztask "$1" "$2")" = "$3" ]; }
+# zcounter_gt CLASS STAT N : that counter is above N.
+zcounter_gt() { local v; v=$(zcounter "$1" "$2"); _is_int "$v" && [ "$v" -gt "$3" ]; }
+# file_gt FILE N : FILE holds an integer above N (a workload's progress count).
+file_gt() { local v; v=$(cat "$1" 2>/dev/null); _is_int "$v" && [ "$v" -gt "$2" ]; }
 # ensure_user NAME UID GID GROUP : a passwd and a group entry, for `su NAME`.
 ensure_user() {
   grep -q "^$1:" /etc/passwd || echo "$1:x:$2:$3:$1:/:/bin/sh" >>/etc/passwd
@@ -164,19 +176,36 @@ ztask() {
   scx_zernel inspect --tid "$1" 2>/dev/null | tr ' ' '\n' | awk -F= -v f="$2" '$1 == f { print substr($0, length(f) + 2) }'
 }
 
-# zsample SECS FILE [PID] : the kernel's entries, read every 0.2 s for SECS s
-# (or until PID exits), appended to FILE as "<comm> <class> <slice_us>
-# <preempt>" lines, one per entry per round (spaces in comm become _).
+# zentries : the kernel's entries now, one "<comm> <class> <slice_us> <preempt>"
+# line each (spaces in comm become _; entries of exited threads are left out).
+# Two processes in all, however many entries: under emulation with every CPU
+# busy, a fork per entry would make one round take seconds.
+zentries() {
+  scx_zernel inspect --entries 2>/dev/null | awk '{
+    for (i = 1; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+    file = "/proc/" f["tid"] "/comm"
+    if ((getline comm < file) > 0) { gsub(/ /, "_", comm); print comm, f["class"], f["slice_us"], f["preempt"] }
+    close(file)
+  }'
+}
+
+# zholds COMM CLASS SLICE PREEMPT : the kernel holds that entry for a thread
+# named COMM now ('*' for any value of a field).
+zholds() {
+  zentries | awk -v c="$1" -v k="$2" -v s="$3" -v p="$4" '
+    ($1 == c) && (k == "*" || $2 == k) && (s == "*" || $3 == s) && (p == "*" || $4 == p) { found = 1 }
+    END { exit !found }'
+}
+
+# zsample SECS FILE [PID] : the kernel's entries (zentries), read every 0.2 s
+# for SECS s (or until PID exits), appended to FILE, one line per entry per
+# round.
 zsample() {
-  local end tid class slice preempt comm
+  local end
   end=$(( $(cut -d. -f1 /proc/uptime) + $1 ))
   while [ "$(cut -d. -f1 /proc/uptime)" -lt "$end" ]; do
     if [ -n "${3:-}" ] && ! alive "$3"; then break; fi
-    scx_zernel inspect --entries | while read -r tid class slice _ _ _ preempt _; do
-      tid=${tid#tid=}
-      comm=$(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null) &&
-        echo "$comm ${class#class=} ${slice#slice_us=} ${preempt#preempt=}"
-    done >>"$2"
+    zentries >>"$2"
     sleep 0.2
   done
 }

@@ -6,10 +6,22 @@
 #   tests/vm/vmrun.sh --print-mirror      print the Debian mirror used, exit
 #
 # Boots Debian's trixie-backports cloud kernel (CONFIG_SCHED_CLASS_EXT=y, BTF)
-# in qemu from a busybox initramfs built on the fly, runs CMD as root (no shell
-# unless you pass `sh -c '...'`; cwd = your cwd; stdin = /dev/null), streams its
-# stdout+stderr to our stdout and exits with CMD's exit status.
+# in qemu, runs CMD as root (no shell unless you pass `sh -c '...'`; cwd = your
+# cwd; stdin = /dev/null), streams its stdout+stderr to our stdout and exits
+# with CMD's exit status.
 # Harness errors: 125 = boot failure / guest died / bad usage, 124 = timeout.
+#
+# Two kinds of guest:
+#   default      a busybox initramfs built on the fly: fast to boot, holds only
+#                busybox and what --add copies in.
+#   --host-root  virtme-ng (vng) boots the kernel on a read-only virtiofs view
+#                of this host's root, so the guest runs the host's programs as
+#                they are: a Python venv with PyTorch, perf, the peer
+#                schedulers. The guest gets tmpfs on /tmp and /boot (with the
+#                kernel's config), bpffs, HOME=/tmp/home; --add SRC=/X/bin/NAME
+#                puts NAME first on PATH, --add of a host path is a no-op (it
+#                is there already). Needs vng (scripts/setup-deps.sh installs
+#                it with PyTorch into VMRUN_VENV) and virtiofsd.
 #
 # Options:
 #   --smp N           vCPUs (default 4)
@@ -29,12 +41,15 @@
 #                     vmx/svm; else tcg (a paravirtual /dev/kvm without vmx
 #                     cannot boot a stock kernel)
 #   -v                kernel console to stderr as it happens
+#   --host-root       the guest's root is the host's, read-only (virtme-ng)
 #
 # Environment: VMRUN_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel-vm),
 #   VMRUN_KPKG / VMRUN_KVER (pinned kernel package/version), VMRUN_MIRROR,
 #   VMRUN_QEMU (qemu binary), VMRUN_ACCEL, VMRUN_TCG_THREAD=single|multi,
 #   VMRUN_QEMU_OPTS (extra qemu arguments, word-split), VMRUN_INT3_RETRIES
-#   (default 2: reruns of a run that hit the qemu TCG "Oops: int3" race).
+#   (default 2: reruns of a run that hit the qemu TCG "Oops: int3" race),
+#   VMRUN_VENV (--host-root: the venv holding vng; default
+#   ${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel/venv).
 # Host needs qemu-system-x86 (>= 10 for multi-threaded TCG), busybox-static,
 # apt-get and dpkg-deb; scripts/setup-deps.sh installs them. Works as non-root.
 set -uo pipefail
@@ -44,7 +59,8 @@ KVER=${VMRUN_KVER:-7.3.4-1~bpo13+1}
 CACHE=${VMRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel-vm}
 QEMU_BIN=${VMRUN_QEMU:-qemu-system-x86_64}
 SMP=4 MEM=2G NODES=1 TIMEOUT=600 VERBOSE=0 APPEND="" CONSOLE_KEEP="" MODE=run
-ACCEL=${VMRUN_ACCEL:-} KIMG="" ADDS=() ENVS=()
+ACCEL=${VMRUN_ACCEL:-} KIMG="" ADDS=() ENVS=() HOST_ROOT=0
+VENV=${VMRUN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel/venv}
 
 die() { echo "vmrun: $*" >&2; exit 125; }
 log() { echo "vmrun: $*" >&2; }
@@ -76,6 +92,7 @@ while [ $# -gt 0 ]; do
     --add) shift; if [ $# -eq 0 ] || [[ $1 == -* ]]; then die "--add needs a path"; fi
            while [ $# -gt 0 ] && [[ $1 != -* ]]; do ADDS+=("$1"); shift; done ;;
     --fetch-only) MODE=fetch; shift ;;
+    --host-root) HOST_ROOT=1; shift ;;
     --print-mirror) debian_mirror; exit 0 ;;
     --) shift; break ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -135,6 +152,100 @@ fi
 if [ "$MODE" = fetch ]; then echo "$KIMG"; exit 0; fi
 [ $# -gt 0 ] || die "no command given; usage: vmrun.sh [OPTIONS] -- CMD [ARGS...]"
 
+# ---- --host-root: virtme-ng on a read-only view of this host's root -----------------
+q() { local s=${1//\'/\'\\\'\'}; printf "'%s'" "$s"; }
+run_host_root() {
+  local vng virtiofsd out bin spec src dst release rc attempt=0 pid t0 waited
+  vng=$(PATH=$VENV/bin:$PATH command -v vng) || die "vng not found (in $VENV/bin or PATH): run scripts/setup-deps.sh"
+  virtiofsd=$(PATH=/usr/libexec:/usr/lib/qemu:${CARGO_HOME:-$HOME/.cargo}/bin:$PATH command -v virtiofsd) \
+    || die "virtiofsd not found: run scripts/setup-deps.sh (cargo install virtiofsd)"
+  (( NODES == 1 )) || die "--numa is not supported with --host-root"
+  # The output directory is shared read-write; it must not be under /tmp, which
+  # the guest covers with a tmpfs.
+  mkdir -p "$CACHE/runs" || die "cannot create $CACHE/runs"
+  out=$(mktemp -d "$CACHE/runs/run.XXXXXX") || die "mktemp failed"
+  # shellcheck disable=SC2064  # expand now: $out is local
+  trap "rm -rf '$out'" EXIT
+  bin=$out/bin; mkdir -p "$bin"
+  for spec in "${ADDS[@]}"; do
+    src=$spec dst=$spec
+    if [ ! -e "$spec" ] && [[ $spec == *=/* ]]; then src=${spec%%=/*} dst=/${spec#*=/}; fi
+    [ -e "$src" ] || die "--add: '$src' does not exist"
+    if [ "$(realpath -m "$src")" = "$(realpath -m "$dst")" ]; then continue; fi
+    [[ $(dirname "$dst") == */bin ]] || die "--add $spec: with --host-root only SRC=/.../bin/NAME or a host path"
+    cp -L -p "$src" "$bin/$(basename "$dst")" || die "--add: copying '$src' failed"
+  done
+  release=""
+  if [ -s "$(dirname "$KIMG")/config" ] && [ -s "$(dirname "$KIMG")/release" ]; then
+    release=$(cat "$(dirname "$KIMG")/release"); cp "$(dirname "$KIMG")/config" "$out/config"
+  fi
+  # The guest's own deadline leaves room for a slow boot on a loaded host, so
+  # a hung case still reports its processes and kernel log.
+  local deadline=$(( TIMEOUT > 300 ? TIMEOUT - 90 : TIMEOUT * 2 / 3 ))
+  {
+    echo '#!/bin/sh'
+    echo '# Run by virtme-ng-init as root; the root filesystem is the host'"'"'s, read-only.'
+    echo "OUT=$(q "$out")"
+    echo 'mount -t tmpfs tmpfs /tmp && chmod 1777 /tmp'
+    echo 'mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf'
+    if [ -n "$release" ]; then
+      echo "mount -t tmpfs tmpfs /boot && cp \"\$OUT/config\" /boot/config-$(q "$release")"
+    fi
+    echo 'mkdir -p /tmp/home; export HOME=/tmp/home TERM=dumb'
+    echo "export PATH=\"\$OUT/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\""
+    for e in "${ENVS[@]}"; do echo "export ${e%%=*}=$(q "${e#*=}")"; done
+    echo "cd $(q "$PWD") || exit 125"
+    echo 'echo "<5>vmrun: booted in $(cut -d" " -f1 /proc/uptime) s" >/dev/kmsg'
+    printf '%s' '"$@" </dev/null >"$OUT/log" 2>&1 &'; echo
+    echo 'cmd=$!'
+    echo "( sleep $deadline"
+    echo "  { echo \"vmrun: TIMEOUT after ${deadline}s in the guest; processes and kernel log follow\""
+    echo '    ps -eo pid,stat,args | grep -v " \[.*\]$"; echo "--- dmesg (last 60 lines)"; dmesg | tail -n 60'
+    echo '    echo "--- sched_ext state: $(cat /sys/kernel/sched_ext/state 2>/dev/null)"; } >>"$OUT/log" 2>&1'
+    echo '  echo 124 >"$OUT/rc"; sync; echo o >/proc/sysrq-trigger ) </dev/null >/dev/null 2>&1 &'
+    echo 'wait $cmd; echo $? >"$OUT/rc.tmp"; mv "$OUT/rc.tmp" "$OUT/rc"; sync'
+  } >"$out/guest.sh"
+  local args=()
+  for a in "$@"; do args+=("$(q "$a")"); done
+  if [ -n "$CONSOLE_KEEP" ]; then : >"$CONSOLE_KEEP" || log "cannot write $CONSOLE_KEEP"; fi
+  while :; do
+    : >"$out/log"; rm -f "$out/rc"; : >"$out/console"
+    (( VERBOSE )) && log "host root: vng, cpus=$SMP mem=$MEM timeout=${TIMEOUT}s kernel=$KIMG"
+    t0=$SECONDS
+    # vng's own status is 255 even when the guest command succeeded: the
+    # command's status comes back in $out/rc. Its own process group, so that a
+    # timeout takes qemu and virtiofsd down with it.
+    PATH=$(dirname "$vng"):$(dirname "$virtiofsd"):$PATH setsid "$vng" --run "$KIMG" --disable-kvm --verbose \
+      --cpus "$SMP" --memory "$MEM" --rwdir "$out" ${APPEND:+--append "$APPEND"} \
+      --exec "sh $(q "$out/guest.sh") ${args[*]}" </dev/null >"$out/console" 2>&1 &
+    pid=$!
+    tail -n +1 -f "$out/log" --pid "$pid" &
+    TAILPID=$!
+    if (( VERBOSE )); then tail -n +1 -f "$out/console" --pid "$pid" >&2 & fi
+    waited=0
+    while kill -0 "$pid" 2>/dev/null && (( SECONDS - t0 < TIMEOUT )); do sleep 1; done
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM -- "-$pid" 2>/dev/null; sleep 5; kill -KILL -- "-$pid" 2>/dev/null; waited=1
+    fi
+    wait "$pid" 2>/dev/null
+    sleep 0.3; kill "$TAILPID" 2>/dev/null; wait "$TAILPID" 2>/dev/null; TAILPID=""
+    if [ -n "$CONSOLE_KEEP" ]; then cat "$out/console" >>"$CONSOLE_KEEP" 2>/dev/null; fi
+    rc=$(cat "$out/rc" 2>/dev/null)
+    if [ "${rc:-125}" = 0 ] || [ "$attempt" -ge "$INT3_RETRIES" ] || ! grep -q 'Oops: int3' "$out/console"; then
+      break
+    fi
+    attempt=$((attempt + 1))
+    log "the guest kernel hit 'Oops: int3' (qemu TCG race, see below); running again in a fresh VM, retry $attempt of $INT3_RETRIES"
+  done
+  [ -n "$rc" ] && exit "$rc"
+  (( waited )) && { log "TIMEOUT: guest still running after ${TIMEOUT}s (vng)"; tail -n 40 "$out/console" >&2; exit 124; }
+  log "guest did not report an exit status (boot failure or panic; vng)"; tail -n 40 "$out/console" >&2
+  exit 125
+}
+INT3_RETRIES=${VMRUN_INT3_RETRIES:-2}
+TAILPID=""
+if (( HOST_ROOT )); then run_host_root "$@"; fi
+
 # ---- host tools -------------------------------------------------------------------
 command -v "$QEMU_BIN" >/dev/null || die "$QEMU_BIN not found (run scripts/setup-deps.sh as root)"
 BUSYBOX=$(command -v busybox) || die "busybox not found (apt-get install busybox-static)"
@@ -187,7 +298,6 @@ done
 [ -e "$R/etc/ld.so.cache" ] || cp /etc/ld.so.cache "$R/etc/" 2>/dev/null || true
 
 # The command, quoted for the guest shell, run from the same cwd as here.
-q() { local s=${1//\'/\'\\\'\'}; printf "'%s'" "$s"; }
 {
   for e in "${ENVS[@]}"; do echo "export ${e%%=*}=$(q "${e#*=}")"; done
   echo "mkdir -p $(q "$PWD") 2>/dev/null; cd $(q "$PWD") 2>/dev/null || cd /root"
@@ -284,7 +394,6 @@ QEMU=("$QEMU_BIN" -nodefaults -no-user-config -display none -no-reboot
 # code under test, so such a failed run is repeated in a fresh VM (at most
 # VMRUN_INT3_RETRIES times, default 2), and says so on stderr. Single-threaded
 # TCG (VMRUN_TCG_THREAD=single) does not have the race but uses one host core.
-INT3_RETRIES=${VMRUN_INT3_RETRIES:-2}
 if [ -n "$CONSOLE_KEEP" ]; then : >"$CONSOLE_KEEP" || log "cannot write $CONSOLE_KEEP"; fi
 attempt=0
 while :; do

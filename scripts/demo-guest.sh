@@ -1,0 +1,70 @@
+#!/bin/sh
+# demo-guest.sh - the guest side of scripts/demo.sh (run as root in the VM).
+# shellcheck shell=sh
+set -u
+PY=$ZERNEL_PYTHON SECS=$DEMO_SECS HOGS=$DEMO_HOGS
+W=/tmp/demo HOGCG=/sys/fs/cgroup/demo-hogs
+mkdir -p "$W" "$HOGCG"
+say() { printf '\n== %s\n' "$*"; }
+now() { cut -d' ' -f1 /proc/uptime; }
+hog_usec() { awk '$1 == "usage_usec" { print $2 }' "$HOGCG/cpu.stat"; }
+
+say "kernel $(uname -r), $(nproc) vCPUs, sched_ext state: $(cat /sys/kernel/sched_ext/state)"
+say "starting a real PyTorch training job (train.py: a CNN, DataLoader(num_workers=2)); import torch takes a minute or more under emulation"
+"$PY" tests/workloads/pytorch/train.py --workers 2 --ready "$W/ready" --progress "$W/progress" \
+  --data-dir "$W/data" >"$W/train.out" 2>&1 &
+train=$!
+n=0
+until [ -s "$W/ready" ]; do
+  kill -0 "$train" 2>/dev/null || { echo "demo: train.py exited:"; tail -5 "$W/train.out"; exit 1; }
+  n=$((n + 1)); [ $n -lt 3000 ] || { echo "demo: train.py made no step in 10 minutes"; exit 1; }
+  sleep 0.2
+done
+echo "training (pid $train)"
+say "starting $HOGS CPU hogs (stress-ng --cpu $HOGS) in cgroup ${HOGCG#/sys/fs/cgroup/}"
+sh -c "echo \$\$ >$HOGCG/cgroup.procs && exec stress-ng --cpu $HOGS --quiet" &
+hogs=$!
+
+# measure NAME : steps per second and the hogs' CPU over SECS seconds.
+measure() {
+  s0=$(cat "$W/progress") u0=$(hog_usec) t0=$(now)
+  sleep "$SECS"
+  s1=$(cat "$W/progress") u1=$(hog_usec) t1=$(now)
+  rate=$(awk -v a="$s0" -v b="$s1" -v t="$t0" -v u="$t1" 'BEGIN { printf "%.3f", (b - a) / (u - t) }')
+  cores=$(awk -v a="$u0" -v b="$u1" -v t="$t0" -v u="$t1" 'BEGIN { printf "%.2f", (b - a) / 1e6 / (u - t) }')
+  echo "$1: $((s1 - s0)) steps in $(awk -v t="$t0" -v u="$t1" 'BEGIN { printf "%.1f", u - t }') s = $rate steps/s; hogs used $cores CPUs"
+  eval "RATE_$2=$rate CORES_$2=$cores"
+}
+
+say "$SECS s under the kernel's default scheduler (EEVDF)"
+measure "EEVDF" eevdf
+
+say "starting scx_zernel (configs/zernel.toml)"
+scx_zernel --config configs/zernel.toml >"$W/zernel.log" 2>&1 &
+zpid=$!
+n=0
+until [ "$(cat /sys/kernel/sched_ext/state)" = enabled ]; do
+  kill -0 "$zpid" 2>/dev/null || { echo "demo: scx_zernel exited:"; cat "$W/zernel.log"; exit 1; }
+  n=$((n + 1)); [ $n -lt 300 ] || { echo "demo: scx_zernel did not attach in 60 s"; exit 1; }
+  sleep 0.2
+done
+echo "attached: $(cat /sys/kernel/sched_ext/root/ops)"
+grep "ML process" "$W/zernel.log" || true
+say "$SECS s under scx_zernel; its live view (scx_zernel --monitor 1) for the first 5 s:"
+timeout 6 scx_zernel --monitor 1 2>&1 | head -n 60 &
+mon=$!
+measure "scx_zernel" zernel
+wait "$mon" 2>/dev/null
+grep "ML process" "$W/zernel.log" | sed 's/^/  /'
+echo "what the kernel holds for the job's threads now (scx_zernel inspect --entries):"
+scx_zernel inspect --entries 2>/dev/null | head -n 12 | sed 's/^/  /'
+kill -INT "$zpid"; wait "$zpid"; zrc=$?
+kill "$hogs" "$train" 2>/dev/null; wait "$hogs" "$train" 2>/dev/null
+
+say "the same job beside $HOGS CPU hogs on $(nproc) vCPUs, $SECS s each"
+printf '%-12s %14s %10s %12s\n' scheduler "train steps/s" "vs EEVDF" "hogs' CPUs"
+printf '%-12s %14s %10s %12s\n' EEVDF "$RATE_eevdf" 1.00 "$CORES_eevdf"
+printf '%-12s %14s %10s %12s\n' scx_zernel "$RATE_zernel" \
+  "$(awk -v a="$RATE_eevdf" -v b="$RATE_zernel" 'BEGIN { if (a > 0) printf "%.2f", b / a; else print "-" }')" "$CORES_zernel"
+echo "scx_zernel exit status on SIGINT: $zrc"
+[ "$zrc" = 0 ]
