@@ -22,7 +22,7 @@ until [ -s "$W/ready" ]; do
 done
 echo "training (pid $train)"
 say "starting $HOGS CPU hogs (stress-ng --cpu $HOGS) in cgroup ${HOGCG#/sys/fs/cgroup/}"
-sh -c "echo \$\$ >$HOGCG/cgroup.procs && exec stress-ng --cpu $HOGS --quiet" &
+sh -c "echo \$\$ >$HOGCG/cgroup.procs && exec stress-ng --cpu $HOGS --quiet --temp-path /tmp" &
 hogs=$!
 
 # measure NAME : steps per second and the hogs' CPU over SECS seconds.
