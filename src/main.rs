@@ -39,7 +39,10 @@ use scx_zernel::{inspect, observe_cmd, stats};
 #[command(version, about, long_about)]
 struct Cli {
     /// Configuration file (TOML). Every key is documented in
-    /// configs/zernel.toml; unknown keys are errors.
+    /// configs/zernel.toml; unknown keys are errors. As root, a file
+    /// writable by group or others, or in a directory they can write without
+    /// the sticky bit, is refused; one owned by the user who ran sudo is
+    /// accepted with a warning, any other non-root owner refused.
     #[arg(short, long, global = true, value_name = "PATH")]
     config: Option<PathBuf>,
 
@@ -65,9 +68,10 @@ struct Cli {
     #[arg(long)]
     help_stats: bool,
 
-    /// Serve OpenMetrics at http://ADDR/metrics (e.g. 127.0.0.1:9093); off
-    /// by default. Counters are named zernel_<stat>_total, levels
-    /// zernel_<stat> (see --help-stats).
+    /// Serve OpenMetrics 1.0.0 at http://ADDR/metrics (e.g.
+    /// 127.0.0.1:9093), or the Prometheus 0.0.4 text when the Accept header
+    /// prefers text/plain; off by default. Counters are named
+    /// zernel_<stat>_total, levels zernel_<stat> (see --help-stats).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<SocketAddr>,
 
