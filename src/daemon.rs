@@ -7,8 +7,9 @@
 //!     every phase_eval_interval_ms:
 //!        Observer::poll ─> rules (new/renamed threads only) ─> PhaseDetector::update
 //!          ─> PolicyConfig::decide ─> Decisions::diff ─> task_class map
-//!     between passes: answer stats requests; SIGHUP or an inotify event on
-//!     the config file ends the wait, and the next pass starts with the reload
+//!     between passes: answer stats requests; SIGHUP, or an inotify event
+//!     after which the config file differs, ends the wait, and the next pass
+//!     starts with the reload
 //!   SIGINT/SIGTERM ─> detach ─> exit 0;  BPF-side exit ─> UEI report ─> exit 1
 //! ```
 
@@ -427,14 +428,15 @@ impl Decisions {
 }
 
 /// The loop's side of a reload: what woke it (SIGHUP, an inotify event in
-/// the config's directory) and the stamp of the file last loaded, so an
-/// event that changed nothing reloads nothing. Without inotify it compares
-/// the stamp once a second instead.
+/// the config's directory) and the stamp of the file last loaded. An event
+/// that left the file as it was (another file of a busy directory such as
+/// /tmp) neither wakes the loop nor reloads. Without inotify the stamp is
+/// compared once a second instead.
 pub struct Reloader {
     watch: ReloadWatch,
     stamp: Stamp,
     last_poll: Instant,
-    file_event: bool,
+    changed: bool,
     sighup: bool,
 }
 
@@ -451,7 +453,7 @@ impl Reloader {
                 warn!("{}: {e:#}; changes of the file are looked for once a second", path.display());
             }
         }
-        Ok(Reloader { watch, stamp: source.stamp(), last_poll: Instant::now(), file_event: false, sighup: false })
+        Ok(Reloader { watch, stamp: source.stamp(), last_poll: Instant::now(), changed: false, sighup: false })
     }
 
     /// Where the triggers arrive; hand each to [`note`](Self::note).
@@ -459,33 +461,33 @@ impl Reloader {
         self.watch.receiver()
     }
 
-    pub fn note(&mut self, t: Trigger) {
+    /// Takes a trigger; returns whether a reload is now due (the loop
+    /// should wake): always after SIGHUP, after a file event only if the
+    /// file's stamp differs from the one last loaded (a stat, no read).
+    pub fn note(&mut self, source: &Source, t: Trigger) -> bool {
         match t {
             Trigger::Signal => self.sighup = true,
-            Trigger::File => self.file_event = true,
+            Trigger::File => self.changed |= source.stamp() != self.stamp,
         }
+        self.sighup || self.changed
     }
 
-    /// Whether to reload now: SIGHUP came, or the file's stamp changed
-    /// since the last load (looked at after an event, or once a second
-    /// without inotify).
+    /// Whether to reload now (see [`note`](Self::note)); the triggers
+    /// still queued are taken first. Without inotify, compares the stamp
+    /// once a second.
     pub fn due(&mut self, source: &Source) -> bool {
         for t in self.watch.receiver().try_iter().collect::<Vec<_>>() {
-            self.note(t);
+            self.note(source, t);
         }
-        let poll = !self.watch.watches_file() && self.last_poll.elapsed() >= POLL_WITHOUT_INOTIFY;
-        if poll {
+        if !self.watch.watches_file() && self.last_poll.elapsed() >= POLL_WITHOUT_INOTIFY {
             self.last_poll = Instant::now();
+            self.changed |= source.stamp() != self.stamp;
         }
-        let look = std::mem::take(&mut self.file_event) || poll;
-        let sighup = std::mem::take(&mut self.sighup);
-        if !look && !sighup {
-            return false;
+        let due = std::mem::take(&mut self.sighup) | std::mem::take(&mut self.changed);
+        if due {
+            self.stamp = source.stamp();
         }
-        let now = source.stamp();
-        let changed = now != self.stamp;
-        self.stamp = now;
-        sighup || changed
+        due
     }
 }
 
@@ -684,8 +686,7 @@ fn serve(
                 recv(triggers) -> t => woken = t.ok(),
                 default(left.min(Duration::from_millis(100))) => {}
             }
-            if let Some(t) = woken {
-                reloader.note(t);
+            if woken.is_some_and(|t| reloader.note(source, t)) {
                 break;
             }
         }
@@ -704,6 +705,40 @@ mod tests {
         c.validate().unwrap();
         let s = &c.scheduler;
         (s.slice_us.latency, s.slice_us.batch, s.starvation_bound_ms, s.wakeup_preempt_us)
+    }
+
+    #[test]
+    fn only_a_changed_file_makes_a_reload_due() {
+        use std::time::Duration;
+        let dir = std::env::temp_dir().join(format!("zernel-reload-due-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let cfg = dir.join("zernel.toml");
+        let rule = |c: &str| format!("[[rules]]\ncomm = \"{c}\"\nclass = \"batch\"\n");
+        std::fs::write(&cfg, rule("^a$")).unwrap();
+        let source = Source { path: Some(cfg.clone()), mode: Mode::Auto };
+        let mut r = Reloader::new(&source).unwrap();
+        // The next file event.
+        let next_file_event = |r: &Reloader| loop {
+            match r.receiver().recv_timeout(Duration::from_secs(5)).expect("no event within 5 s") {
+                Trigger::File => break Trigger::File,
+                Trigger::Signal => continue,
+            }
+        };
+
+        std::fs::write(dir.join("other.log"), "x").unwrap();
+        let t = next_file_event(&r);
+        assert!(!r.note(&source, t), "another file's change made a reload due");
+
+        std::fs::write(&cfg, rule("^b$")).unwrap();
+        let t = next_file_event(&r);
+        assert!(r.note(&source, t));
+        assert!(r.due(&source));
+        // Taken: not due again until the file changes again.
+        std::thread::sleep(Duration::from_millis(100));
+        while let Ok(Trigger::File) = r.receiver().try_recv() {}
+        assert!(!r.due(&source));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -9,10 +9,11 @@
 //!
 //! The directory is watched, not the file: editors and `kubectl` replace a
 //! file by renaming another over it (a ConfigMap swaps a `..data` symlink),
-//! which a watch on the old inode would miss. An event on any entry of the
-//! directory wakes the loop, which then compares the file's [`Stamp`]
-//! (device, inode, size, mtime, through symlinks) and reloads only if it
-//! changed; SIGHUP reloads in any case. Plain writes (`IN_MODIFY`) are not
+//! which a watch on the old inode would miss. On an event on any entry of
+//! the directory the loop compares the file's [`Stamp`] (device, inode,
+//! size, mtime, through symlinks), and wakes and reloads only if it changed
+//! (a busy directory such as /tmp costs a stat per event, not a pass);
+//! SIGHUP reloads in any case. Plain writes (`IN_MODIFY`) are not
 //! acted on: the file is read when the writer closes it (`IN_CLOSE_WRITE`),
 //! never half-written.
 //!

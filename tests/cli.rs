@@ -1,6 +1,7 @@
 //! The command line around the daemon, without a kernel: the version banner
 //! with the build id, the log filter's errors, the scx options in --help,
-//! and bad libbpf options refused before anything is loaded.
+//! bad libbpf options refused before anything is loaded, and the config
+//! ownership rules for root.
 
 use std::process::Command;
 
@@ -71,4 +72,47 @@ fn an_unreadable_kconfig_is_refused_before_loading() {
     assert!(!ok);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("--kconfig /nonexistent/kconfig: cannot read"), "{err}");
+}
+
+/// As root (CI runs as root): `sudo scx_zernel --config FILE` with the sudo
+/// user's own file is accepted with a warning; anyone else's, a file others
+/// can write, or one in a directory others can write, is refused in one line.
+#[test]
+fn config_ownership_as_root() {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: not root");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("zernel-owner-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cfg = dir.join("zernel.toml");
+    std::fs::write(&cfg, "").unwrap();
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+    chown(&cfg, Some(1000), Some(1000)).unwrap();
+    let path = cfg.to_str().unwrap();
+    let args = ["--config", path, "--dump-config"];
+
+    let (ok, _, err) = run(&args, &[("SUDO_UID", "1000")]);
+    assert!(ok, "{err}");
+    assert!(err.contains(&format!("{path}: owned by uid 1000, the user who ran sudo, not root")), "{err}");
+
+    let (ok, _, err) = run(&args, &[("SUDO_UID", "1001")]);
+    assert!(!ok);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(&format!("{path}: refusing a config file owned by uid 1000, neither root nor")), "{err}");
+
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o664)).unwrap();
+    let (ok, _, err) = run(&args, &[("SUDO_UID", "1000")]);
+    assert!(!ok && err.contains("writable by group or others (mode 664)"), "{err}");
+
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (ok, _, err) = run(&args, &[("SUDO_UID", "1000")]);
+    assert!(!ok && err.contains("directory writable by group or others without the sticky bit"), "{err}");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    assert!(run(&args, &[("SUDO_UID", "1000")]).0);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
