@@ -1,4 +1,6 @@
 #!/bin/sh
+# shellcheck shell=dash
+# (runs under busybox ash in the guest: POSIX plus `local`, as dash)
 # guest.sh - the guest half of the benchmark (bench/run.sh boots the VM).
 #
 #   sh bench/guest.sh [--short] [--reps N] [--scheds "eevdf zernel bpfland lavd"]

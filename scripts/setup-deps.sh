@@ -23,11 +23,14 @@
 #     which virtme-ng boots the guest kernel on a read-only view of this root.
 # The Rust toolchain (cargo via rustup) is expected to be installed already.
 # /etc/apt is never modified: backports are used through a private sources list.
-set -euo pipefail
+#
+# Every failure ends with one line naming the step and the command, e.g.
+#   setup-deps: step 'qemu from bookworm-backports' failed: apt-get -q ... update (exit 100, line 77)
+set -eEuo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VMRUN=$ROOT/tests/vm/vmrun.sh
-PKGS=(clang-19 libelf-dev zlib1g-dev pkg-config make gcc busybox-static stress-ng rt-tests systemd
+PKGS=(clang-19 libelf-dev zlib1g-dev pkg-config make gcc busybox-static stress-ng rt-tests systemd shellcheck
       libseccomp-dev libcap-ng-dev python3-venv)
 TORCH=torch==2.15.0 VIRTME=virtme-ng==1.42 VIRTIOFSD=virtiofsd@1.14.0
 VENV=${VMRUN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel/venv}
@@ -38,7 +41,17 @@ if [ "${1:-}" = --build-only ]; then
 fi
 
 log() { echo "setup-deps: $*" >&2; }
-die() { log "$*"; exit 1; }
+STEP=start
+step() { STEP=$1; }
+die() { log "step '$STEP' failed: $*"; trap - ERR; exit 1; }
+# Any other failing command: the step, the command and its status, in one line.
+# (Said once, by the script itself: not again by a command substitution that failed inside it.)
+failed() {
+  [ "$BASH_SUBSHELL" != 0 ] || log "step '$STEP' failed: $2 (exit $1, line $3)"
+  trap - ERR
+  exit "$1"
+}
+trap 'failed $? "$BASH_COMMAND" "$LINENO"' ERR
 export DEBIAN_FRONTEND=noninteractive
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
@@ -50,6 +63,7 @@ qemu_major() {
 need_root() { [ "$(id -u)" = 0 ] || die "$1 is missing; run this script as root (sudo $0)"; }
 
 # ---- packages from the machine's own apt sources ---------------------------------------
+step "packages from the system's apt sources"
 missing=()
 for p in "${PKGS[@]}"; do installed "$p" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -65,6 +79,7 @@ fi
 # `apt-get install qemu-system-x86/bookworm-backports` alone fails: its
 # dependencies (qemu-system-common, qemu-system-data, seabios) must come from
 # backports too, which `-t bookworm-backports` allows.
+step "qemu from bookworm-backports"
 qv=$(qemu_major)
 if [ "$BUILD_ONLY" = 1 ]; then
   :
@@ -85,6 +100,7 @@ else
   [ "${qv:-0}" -ge "$QEMU_MIN" ] || die "qemu ${qv:-none} installed, but >= $QEMU_MIN is needed"
 fi
 
+step "the Rust toolchain"
 # ---- the Rust toolchain --------------------------------------------------------------------
 if ! command -v cargo >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
   die "cargo not found: install Rust >= 1.91 with rustup (https://rustup.rs) and run this again"
@@ -98,6 +114,7 @@ want = {"torch": "2.15.0", "virtme-ng": "1.42"}
 sys.exit(any(m.version(k) != v for k, v in want.items()))' 2>/dev/null && [ -x "$VENV/bin/vng" ]
 }
 if [ "$BUILD_ONLY" = 0 ]; then
+  step "PyTorch and virtme-ng in $VENV"
   if venv_ok; then
     log "PyTorch and virtme-ng already in $VENV"
   else
@@ -109,6 +126,7 @@ if [ "$BUILD_ONLY" = 0 ]; then
       || die "pip install $TORCH numpy $VIRTME into $VENV failed"
     venv_ok || die "$VENV does not hold $TORCH and $VIRTME after pip install"
   fi
+  step "virtiofsd"
   cargo_bin=${CARGO_HOME:-$HOME/.cargo}/bin
   if PATH=/usr/libexec:/usr/lib/qemu:$cargo_bin:$PATH command -v virtiofsd >/dev/null; then
     log "virtiofsd already installed"
@@ -119,5 +137,6 @@ if [ "$BUILD_ONLY" = 0 ]; then
 fi
 
 # ---- the guest kernel --------------------------------------------------------------------------
+step "the guest kernel"
 [ "$BUILD_ONLY" = 1 ] || "$VMRUN" --fetch-only >/dev/null
 log "done"

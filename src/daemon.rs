@@ -7,7 +7,9 @@
 //!     every phase_eval_interval_ms:
 //!        Observer::poll ─> rules (new/renamed threads only) ─> PhaseDetector::update
 //!          ─> PolicyConfig::decide ─> Decisions::diff ─> task_class map
-//!     between passes: answer stats requests, watch SIGHUP / the config file
+//!     between passes: answer stats requests; SIGHUP, or an inotify event
+//!     after which the config file differs, ends the wait, and the next pass
+//!     starts with the reload
 //!   SIGINT/SIGTERM ─> detach ─> exit 0;  BPF-side exit ─> UEI report ─> exit 1
 //! ```
 
@@ -17,12 +19,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use rustc_hash::FxHashMap;
-use crossbeam::channel::RecvTimeoutError;
-use log::{debug, info, warn};
+use crossbeam::channel::Receiver;
+use tracing::{debug, info, warn};
 use scx_stats::prelude::StatsServer;
 
 use crate::config::{Config, ConfigError};
@@ -30,6 +32,7 @@ use crate::gpu::{self, GpuProvider};
 use crate::observe::{Changes, Observer, ProcessView, Snapshot};
 use crate::phase::{Phase, PhaseDetector};
 use crate::policy::{Decision, Facts};
+use crate::reload::{self, ReloadWatch, Stamp, Trigger};
 use crate::tenants::Tenants;
 use crate::rules::{Identity, Rules};
 use crate::sched::{self, Scheduler, WriteError};
@@ -101,29 +104,69 @@ impl Source {
         Ok(cfg)
     }
 
-    fn stamp(&self) -> Option<(SystemTime, u64)> {
-        let m = std::fs::metadata(self.path.as_ref()?).ok()?;
-        Some((m.modified().ok()?, m.len()))
+    fn stamp(&self) -> Stamp {
+        reload::stamp(self.path.as_deref()?)
     }
 }
 
-/// A root daemon must not take orders from a file others can write.
+/// A root daemon must not take orders from a file others can change. As
+/// root (effective uid 0), a config file is refused when
+///   - it is writable by group or others, or
+///   - its directory is writable by group or others without the sticky bit
+///     (anyone there could rename another file over it), or
+///   - it is owned by anyone but root and the user who ran `sudo`
+///     (SUDO_UID): that user's own file, e.g. in a checkout, is accepted
+///     with a warning.
+/// Symlinks are followed (the file and directory judged are the target's).
 fn check_owner(path: &Path) -> Result<(), ConfigError> {
     use std::os::unix::fs::MetadataExt;
     if unsafe { libc::geteuid() } != 0 {
         return Ok(());
     }
-    if let Ok(m) = std::fs::metadata(path) {
-        if m.mode() & 0o022 != 0 || m.uid() != 0 {
-            return Err(ConfigError(format!(
-                "{}: refusing a config file that is not owned by root or is writable by group/others (mode {:o}, uid {})",
-                path.display(),
-                m.mode() & 0o7777,
-                m.uid()
-            )));
+    // A missing file is reported by the loader, with its own message.
+    let Ok(file) = std::fs::metadata(path) else { return Ok(()) };
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let dir = real.parent().and_then(|d| std::fs::metadata(d).ok()).map(|m| Perm { uid: m.uid(), mode: m.mode() });
+    let sudo_uid = std::env::var("SUDO_UID").ok().and_then(|v| v.parse().ok());
+    let verdict = judge_owner(Perm { uid: file.uid(), mode: file.mode() }, dir, sudo_uid);
+    match verdict {
+        Ok(None) => Ok(()),
+        Ok(Some(warning)) => {
+            warn!("{}: {warning}", path.display());
+            Ok(())
+        }
+        Err(why) => Err(ConfigError(format!("{}: refusing a config file {why}", path.display()))),
+    }
+}
+
+/// Owner and mode bits of a file or directory.
+#[derive(Debug, Clone, Copy)]
+struct Perm {
+    uid: u32,
+    mode: u32,
+}
+
+/// [`check_owner`]'s rules, on metadata: Ok(Some(warning)) for a file the
+/// sudo user owns, Err(why) for an unsafe one.
+fn judge_owner(file: Perm, dir: Option<Perm>, sudo_uid: Option<u32>) -> Result<Option<String>, String> {
+    if file.mode & 0o022 != 0 {
+        return Err(format!("writable by group or others (mode {:o}): chmod go-w it", file.mode & 0o7777));
+    }
+    if let Some(d) = dir {
+        if d.mode & 0o022 != 0 && d.mode & 0o1000 == 0 {
+            return Err(format!(
+                "in a directory writable by group or others without the sticky bit (mode {:o}): others could replace it",
+                d.mode & 0o7777
+            ));
         }
     }
-    Ok(())
+    match file.uid {
+        0 => Ok(None),
+        uid if Some(uid) == sudo_uid && uid != 0 => Ok(Some(format!(
+            "owned by uid {uid}, the user who ran sudo, not root: that user can change how this machine is scheduled"
+        ))),
+        uid => Err(format!("owned by uid {uid}, neither root nor the user who ran sudo (SUDO_UID)")),
+    }
 }
 
 /// Where decisions go: the task_class map (a [`Scheduler`]), or nowhere
@@ -253,7 +296,7 @@ impl Pipeline {
         }
         // Phases first: the decisions below read them.
         for c in self.detector.update(snap) {
-            if log::log_enabled!(log::Level::Debug) {
+            if tracing::enabled!(tracing::Level::DEBUG) {
                 let comm = snap.threads.iter().find(|t| t.tid == c.tid).map_or("?", |t| &t.comm);
                 debug!("phase tid={} pid={} comm={comm:?} {} -> {}", c.tid, c.tgid, c.from, c.to);
             }
@@ -405,20 +448,143 @@ impl Decisions {
     }
 }
 
+/// The loop's side of a reload: what woke it (SIGHUP, an inotify event in
+/// the config's directory) and the stamp of the file last loaded. An event
+/// that left the file as it was (another file of a busy directory such as
+/// /tmp) neither wakes the loop nor reloads. Without inotify the stamp is
+/// compared once a second instead.
+pub struct Reloader {
+    watch: ReloadWatch,
+    stamp: Stamp,
+    last_poll: Instant,
+    changed: bool,
+    sighup: bool,
+}
+
+/// How often the stamp is compared when inotify is not available.
+const POLL_WITHOUT_INOTIFY: Duration = Duration::from_secs(1);
+
+impl Reloader {
+    /// Wakes on SIGHUP, and on changes of the source's file if it has one.
+    pub fn new(source: &Source) -> Result<Reloader> {
+        let mut watch = ReloadWatch::new();
+        watch.on_sighup()?;
+        if let Some(path) = &source.path {
+            if let Err(e) = watch.on_file(path) {
+                warn!("{}: {e:#}; changes of the file are looked for once a second", path.display());
+            }
+        }
+        Ok(Reloader { watch, stamp: source.stamp(), last_poll: Instant::now(), changed: false, sighup: false })
+    }
+
+    /// Where the triggers arrive; hand each to [`note`](Self::note).
+    pub fn receiver(&self) -> &Receiver<Trigger> {
+        self.watch.receiver()
+    }
+
+    /// Takes a trigger; returns whether a reload is now due (the loop
+    /// should wake): always after SIGHUP, after a file event only if the
+    /// file's stamp differs from the one last loaded (a stat, no read).
+    pub fn note(&mut self, source: &Source, t: Trigger) -> bool {
+        match t {
+            Trigger::Signal => self.sighup = true,
+            Trigger::File => self.changed |= source.stamp() != self.stamp,
+        }
+        self.sighup || self.changed
+    }
+
+    /// Whether to reload now (see [`note`](Self::note)); the triggers
+    /// still queued are taken first. Without inotify, compares the stamp
+    /// once a second.
+    pub fn due(&mut self, source: &Source) -> bool {
+        for t in self.watch.receiver().try_iter().collect::<Vec<_>>() {
+            self.note(source, t);
+        }
+        if !self.watch.watches_file() && self.last_poll.elapsed() >= POLL_WITHOUT_INOTIFY {
+            self.last_poll = Instant::now();
+            self.changed |= source.stamp() != self.stamp;
+        }
+        let due = std::mem::take(&mut self.sighup) | std::mem::take(&mut self.changed);
+        if due {
+            self.stamp = source.stamp();
+        }
+        due
+    }
+}
+
+/// Loads the source again and gives it to the pipeline; an invalid file is
+/// rejected and the running configuration stays. Returns whether it took.
+pub fn apply_reload(pipeline: &mut Pipeline, source: &Source) -> bool {
+    let _stage = tracing::debug_span!("reload").entered();
+    match source.load().map_err(anyhow::Error::from).and_then(|c| pipeline.reconfigure(c)) {
+        Ok(()) => {
+            info!("configuration reloaded");
+            true
+        }
+        Err(e) => {
+            warn!("reload rejected, keeping the running configuration: {}", format!("{e:#}").replace('\n', " "));
+            false
+        }
+    }
+}
+
+/// The version with the build id, as the scx schedulers print it:
+/// `0.1.0-g<commit> <target triple>` (`/debug` for a debug build).
+pub fn version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| {
+        let sha = env!("ZERNEL_GIT_SHA");
+        let semver =
+            if sha.is_empty() { env!("CARGO_PKG_VERSION").to_string() } else { format!("{}-g{sha}", env!("CARGO_PKG_VERSION")) };
+        scx_utils::build_id::full_version(&semver)
+    })
+}
+
+/// How the BPF program is opened and loaded: command-line options, not
+/// config keys (they do not change on reload).
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// ops.exit_dump_len: bytes of the kernel's debug dump on an error exit (0 = default).
+    pub exit_dump_len: u32,
+    /// libbpf's bpf_object_open_opts (--relaxed-maps, --pin-root-path, ...).
+    pub libbpf: scx_utils::libbpf_clap_opts::LibbpfOpts,
+}
+
+impl LoadOptions {
+    /// Checks what libbpf would otherwise ignore: an unreadable --kconfig
+    /// file drops all the open options silently.
+    pub fn new(exit_dump_len: u32, libbpf: scx_utils::libbpf_clap_opts::LibbpfOpts) -> Result<LoadOptions> {
+        if let Some(k) = &libbpf.kconfig {
+            std::fs::read_to_string(k).with_context(|| format!("--kconfig {k}: cannot read"))?;
+        }
+        for (flag, v) in [
+            ("--pin-root-path", &libbpf.pin_root_path),
+            ("--btf-custom-path", &libbpf.btf_custom_path),
+            ("--bpf-token-path", &libbpf.bpf_token_path),
+        ] {
+            if v.as_deref().is_some_and(|v| v.contains('\0')) {
+                bail!("{flag}: a path with a NUL byte");
+            }
+        }
+        Ok(LoadOptions { exit_dump_len, libbpf })
+    }
+}
+
 /// Runs the scheduler until SIGINT/SIGTERM (Ok) or a BPF-side exit (Err).
 pub fn run(
     source: &Source,
+    load: &LoadOptions,
     stats_every: Option<f64>,
     metrics_addr: Option<SocketAddr>,
     shutdown: Arc<AtomicBool>,
 ) -> Result<()> {
     let cfg = source.load()?;
     sched::check_kernel()?;
+    info!("scx_zernel {}", version());
     let mut topo = Topology::read(Path::new("/sys")).context("reading the CPU topology from /sys")?;
     topo.apply_config(&cfg.topology).map_err(anyhow::Error::msg)?;
 
-    let reload = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone()).context("installing SIGHUP")?;
+    let mut reloader = Reloader::new(source)?;
 
     // OpenMetrics: started once, survives restarts; `serve` publishes each pass.
     let published = match metrics_addr {
@@ -433,8 +599,9 @@ pub fn run(
     let mut open_object = MaybeUninit::uninit();
     let mut pipeline = Pipeline::new(cfg, topo.clone())?;
     loop {
-        let mut sched = Scheduler::init(&pipeline.cfg.scheduler, &topo, &pipeline.tenants, &mut open_object)?;
-        let bpf_exited = serve(&mut sched, &mut pipeline, source, stats_every, published.as_ref(), &shutdown, &reload)?;
+        let mut sched = Scheduler::init(&pipeline.cfg.scheduler, load, &topo, &pipeline.tenants, &mut open_object)?;
+        let bpf_exited =
+            serve(&mut sched, &mut pipeline, source, stats_every, published.as_ref(), &shutdown, &mut reloader)?;
         let uei = sched.shutdown()?;
         if uei.should_restart() {
             info!("the BPF scheduler asked for a restart");
@@ -456,17 +623,16 @@ fn serve(
     stats_every: Option<f64>,
     published: Option<&Arc<Mutex<Metrics>>>,
     shutdown: &AtomicBool,
-    reload: &AtomicBool,
+    reloader: &mut Reloader,
 ) -> Result<bool> {
     let server = StatsServer::new(stats::server_data()).launch()?;
     let (res_ch, req_ch) = server.channels();
     let mut decisions = Decisions::default();
     let mut metrics = Metrics::default();
-    let mut stamp = source.stamp();
     let mut last_print = Instant::now();
-    let mut last_stamp_check = Instant::now();
     let mut last_tenant_sample = Instant::now();
     let mut prev_tenant_ns = sched.counters()?.tenant_ns[..pipeline.tenants.len()].to_vec();
+    let mut n: u64 = 0;
     loop {
         let started = Instant::now();
         if shutdown.load(Ordering::Relaxed) {
@@ -475,33 +641,23 @@ fn serve(
         if sched.exited() {
             return Ok(true);
         }
+        n += 1;
+        let _pass = tracing::debug_span!("pass", n).entered();
 
-        // Live reload: SIGHUP or a changed file (checked once a second).
-        let mut want = reload.swap(false, Ordering::Relaxed);
-        if last_stamp_check.elapsed() >= Duration::from_secs(1) {
-            last_stamp_check = Instant::now();
-            let now = source.stamp();
-            want |= now != stamp;
-            stamp = now;
-        }
-        if want {
-            match source.load().map_err(anyhow::Error::from).and_then(|c| pipeline.reconfigure(c)) {
-                Ok(()) => {
-                    metrics.reloads += 1;
-                    info!("configuration reloaded");
-                }
-                Err(e) => {
-                    metrics.reloads_rejected += 1;
-                    warn!("reload rejected, keeping the running configuration: {}", format!("{e:#}").replace('\n', " "));
-                }
+        // Live reload: SIGHUP or a changed file (both wake the sleep below).
+        if reloader.due(source) {
+            if apply_reload(pipeline, source) {
+                metrics.reloads += 1;
+            } else {
+                metrics.reloads_rejected += 1;
             }
         }
 
         if std::mem::take(&mut pipeline.tenants_changed) {
             sched.set_tenant_weights(&pipeline.tenants)?;
         }
-        pipeline.pass();
-        let (written, full) = decisions.apply(sched, pipeline.decisions());
+        tracing::debug_span!("observe").in_scope(|| pipeline.pass());
+        let (written, full) = tracing::debug_span!("write").in_scope(|| decisions.apply(sched, pipeline.decisions()));
         metrics.decisions_written += written;
         metrics.map_full += full;
         if full > 0 && metrics.map_full == full {
@@ -534,16 +690,25 @@ fn serve(
             }
         }
 
-        // Sleep until the next pass, answering stats requests meanwhile.
+        // Sleep until the next pass, answering stats requests meanwhile; a
+        // reload trigger ends the sleep at once.
         let period = Duration::from_millis(pipeline.cfg.phase.phase_eval_interval_ms);
+        let triggers = reloader.receiver().clone();
         while let Some(left) = period.checked_sub(started.elapsed()) {
             if shutdown.load(Ordering::Relaxed) {
                 break;
             }
-            match req_ch.recv_timeout(left.min(Duration::from_millis(100))) {
-                Ok(()) => res_ch.send(metrics.clone())?,
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(e) => return Err(e.into()),
+            let mut woken = None;
+            crossbeam::select! {
+                recv(req_ch) -> r => match r {
+                    Ok(()) => res_ch.send(metrics.clone())?,
+                    Err(e) => return Err(e.into()),
+                },
+                recv(triggers) -> t => woken = t.ok(),
+                default(left.min(Duration::from_millis(100))) => {}
+            }
+            if woken.is_some_and(|t| reloader.note(source, t)) {
+                break;
             }
         }
     }
@@ -561,6 +726,70 @@ mod tests {
         c.validate().unwrap();
         let s = &c.scheduler;
         (s.slice_us.latency, s.slice_us.batch, s.starvation_bound_ms, s.wakeup_preempt_us)
+    }
+
+    #[test]
+    fn only_a_changed_file_makes_a_reload_due() {
+        use std::time::Duration;
+        let dir = std::env::temp_dir().join(format!("zernel-reload-due-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let cfg = dir.join("zernel.toml");
+        let rule = |c: &str| format!("[[rules]]\ncomm = \"{c}\"\nclass = \"batch\"\n");
+        std::fs::write(&cfg, rule("^a$")).unwrap();
+        let source = Source { path: Some(cfg.clone()), mode: Mode::Auto };
+        let mut r = Reloader::new(&source).unwrap();
+        // The next file event.
+        let next_file_event = |r: &Reloader| loop {
+            match r.receiver().recv_timeout(Duration::from_secs(5)).expect("no event within 5 s") {
+                Trigger::File => break Trigger::File,
+                Trigger::Signal => continue,
+            }
+        };
+
+        std::fs::write(dir.join("other.log"), "x").unwrap();
+        let t = next_file_event(&r);
+        assert!(!r.note(&source, t), "another file's change made a reload due");
+
+        std::fs::write(&cfg, rule("^b$")).unwrap();
+        let t = next_file_event(&r);
+        assert!(r.note(&source, t));
+        assert!(r.due(&source));
+        // Taken: not due again until the file changes again.
+        std::thread::sleep(Duration::from_millis(100));
+        while let Ok(Trigger::File) = r.receiver().try_recv() {}
+        assert!(!r.due(&source));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn config_ownership_as_root() {
+        let p = |uid, mode| Perm { uid, mode };
+        let dir = Some(p(0, 0o40755));
+        // Root's file in a root directory.
+        assert_eq!(judge_owner(p(0, 0o100644), dir, None), Ok(None));
+        assert_eq!(judge_owner(p(0, 0o100600), dir, Some(1000)), Ok(None));
+        // The sudo user's own file (a checkout): accepted, with a warning.
+        let w = judge_owner(p(1000, 0o100644), Some(p(1000, 0o40755)), Some(1000)).unwrap().unwrap();
+        assert!(w.contains("uid 1000, the user who ran sudo"), "{w}");
+        // Another user's file, or one with no sudo in the picture.
+        let e = judge_owner(p(1001, 0o100644), dir, Some(1000)).unwrap_err();
+        assert!(e.contains("owned by uid 1001, neither root nor the user who ran sudo"), "{e}");
+        assert!(judge_owner(p(1000, 0o100644), dir, None).is_err());
+        // Writable by group or others, whoever owns it.
+        for mode in [0o100664, 0o100646, 0o100666] {
+            let e = judge_owner(p(0, mode), dir, None).unwrap_err();
+            assert!(e.starts_with("writable by group or others"), "{mode:o}: {e}");
+            assert!(judge_owner(p(1000, mode), dir, Some(1000)).is_err(), "{mode:o}");
+        }
+        // A directory others can write: refused, unless it has the sticky bit (/tmp).
+        let e = judge_owner(p(1000, 0o100644), Some(p(1000, 0o40777)), Some(1000)).unwrap_err();
+        assert!(e.contains("directory writable by group or others without the sticky bit (mode 777)"), "{e}");
+        assert!(judge_owner(p(0, 0o100644), Some(p(0, 0o40775)), None).is_err());
+        assert_eq!(judge_owner(p(0, 0o100644), Some(p(0, 0o41777)), None), Ok(None));
+        assert!(judge_owner(p(1000, 0o100644), Some(p(0, 0o41777)), Some(1000)).unwrap().is_some());
+        // SUDO_UID=0 makes no one else root.
+        assert!(judge_owner(p(1000, 0o100644), dir, Some(0)).is_err());
     }
 
     #[test]

@@ -243,12 +243,12 @@ impl GpuProvider for FileProvider {
                         self.processes = p;
                     }
                     // Probably caught mid-write: keep the previous data.
-                    Err(e) => log::debug!("gpu file {}: {e}", self.path.display()),
+                    Err(e) => tracing::debug!("gpu file {}: {e}", self.path.display()),
                 }
             }
             Err(e) => {
                 if !self.reported_missing {
-                    log::info!(
+                    tracing::info!(
                         "gpu file {}: {e}; no GPU data until it appears",
                         self.path.display()
                     );
@@ -286,7 +286,7 @@ impl NvmlProvider {
     pub fn new(window_ms: u64) -> Option<NvmlProvider> {
         match nvml_wrapper::Nvml::init() {
             Ok(nvml) => {
-                log::info!("gpu: using NVML");
+                tracing::info!("gpu: using NVML");
                 Some(NvmlProvider {
                     nvml,
                     window_us: window_ms * 1000,
@@ -296,7 +296,7 @@ impl NvmlProvider {
                 })
             }
             Err(e) => {
-                log::info!("gpu: NVML not available ({e}); no NVML GPU data");
+                tracing::info!("gpu: NVML not available ({e}); no NVML GPU data");
                 None
             }
         }
@@ -304,7 +304,7 @@ impl NvmlProvider {
 
     fn log_once(&mut self, dev: u32, what: &'static str, e: &dyn std::fmt::Display) {
         if self.logged.insert((dev, what)) {
-            log::info!("gpu: NVML {what} on device {dev}: {e}");
+            tracing::info!("gpu: NVML {what} on device {dev}: {e}");
         }
     }
 }

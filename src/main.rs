@@ -8,9 +8,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use scx_zernel::daemon::{self, Mode};
+use scx_zernel::daemon::{self, LoadOptions, Mode};
+use scx_zernel::logging::{self, LogFormat};
 use scx_zernel::{inspect, observe_cmd, stats};
 
 /// scx_zernel: an ML-aware sched_ext scheduler.
@@ -38,7 +39,10 @@ use scx_zernel::{inspect, observe_cmd, stats};
 #[command(version, about, long_about)]
 struct Cli {
     /// Configuration file (TOML). Every key is documented in
-    /// configs/zernel.toml; unknown keys are errors.
+    /// configs/zernel.toml; unknown keys are errors. As root, a file
+    /// writable by group or others, or in a directory they can write without
+    /// the sticky bit, is refused; one owned by the user who ran sudo is
+    /// accepted with a warning, any other non-root owner refused.
     #[arg(short, long, global = true, value_name = "PATH")]
     config: Option<PathBuf>,
 
@@ -64,20 +68,40 @@ struct Cli {
     #[arg(long)]
     help_stats: bool,
 
-    /// Serve OpenMetrics at http://ADDR/metrics (e.g. 127.0.0.1:9093); off
-    /// by default. Counters are named zernel_<stat>_total, levels
-    /// zernel_<stat> (see --help-stats).
+    /// Serve OpenMetrics 1.0.0 at http://ADDR/metrics (e.g.
+    /// 127.0.0.1:9093), or the Prometheus 0.0.4 text when the Accept header
+    /// prefers text/plain; off by default. Counters are named
+    /// zernel_<stat>_total, levels zernel_<stat> (see --help-stats).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<SocketAddr>,
 
-    /// Log level: error, warn, info, debug, trace.
-    #[arg(long, default_value = "info", value_name = "LEVEL")]
-    log_level: log::LevelFilter,
+    /// What to log: a level (error, warn, info, debug, trace, off) or
+    /// RUST_LOG-style directives, e.g. `scx_zernel::daemon=debug,info`.
+    /// Without it RUST_LOG is used, and without that `info`. At debug, lines
+    /// from the loop carry their span: pass{n=..}, and the stage (reload,
+    /// observe, write).
+    #[arg(long, value_name = "FILTER")]
+    log_level: Option<String>,
+
+    /// Log lines as text (`LEVEL span: message`) or as JSON objects, one a
+    /// line (timestamp, level, target, fields, spans), for log collectors.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, value_name = "FORMAT")]
+    log_format: LogFormat,
 
     /// Print the effective configuration (defaults merged with --config and
     /// --mode) as TOML and exit.
     #[arg(long)]
     dump_config: bool,
+
+    /// Bytes of the kernel's debug dump (the tasks and queues at the moment
+    /// the BPF scheduler exits on an error) to print; 0 = the kernel's
+    /// default.
+    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    exit_dump_len: u32,
+
+    /// libbpf open options (as the scx schedulers take them).
+    #[command(flatten, next_help_heading = "libbpf options")]
+    libbpf: scx_utils::libbpf_clap_opts::LibbpfOpts,
 
     #[command(subcommand)]
     command: Option<Command>,
@@ -114,19 +138,18 @@ fn shutdown_flag() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(shutdown)
 }
 
-fn init_logging(level: log::LevelFilter) {
-    let cfg = simplelog::ConfigBuilder::new()
-        .set_time_level(log::LevelFilter::Off)
-        .set_target_level(log::LevelFilter::Off)
-        .set_thread_level(log::LevelFilter::Off)
-        .set_location_level(log::LevelFilter::Off)
-        .build();
-    let _ = simplelog::TermLogger::init(level, cfg, simplelog::TerminalMode::Stderr, simplelog::ColorChoice::Never);
-}
-
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging(cli.log_level);
+    let cli = match Cli::from_arg_matches(&Cli::command().version(daemon::version()).get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let rust_log = std::env::var("RUST_LOG").ok();
+    if let Err(e) = logging::filter(cli.log_level.as_deref(), rust_log.as_deref())
+        .and_then(|f| logging::init(f, cli.log_format))
+    {
+        eprintln!("scx_zernel: {e:#}");
+        return ExitCode::FAILURE;
+    }
 
     let source = daemon::Source { path: cli.config.clone(), mode: cli.mode };
     let result = match cli.command {
@@ -144,7 +167,9 @@ fn main() -> ExitCode {
             Some(Ok(intv)) if !intv.is_zero() => shutdown_flag().and_then(|shutdown| stats::monitor(intv, shutdown)),
             _ => Err(anyhow::anyhow!("--monitor: SECS must be a positive number of seconds")),
         },
-        None => shutdown_flag().and_then(|shutdown| daemon::run(&source, cli.stats, cli.metrics_addr, shutdown)),
+        None => LoadOptions::new(cli.exit_dump_len, cli.libbpf).and_then(|load| {
+            shutdown_flag().and_then(|shutdown| daemon::run(&source, &load, cli.stats, cli.metrics_addr, shutdown))
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Result};
-use log::warn;
+use tracing::warn;
 use serde::Serialize;
 
 use crate::config::{Class, Config};

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::{AsRawLibbpf, MapCore, MapFlags, MapHandle, OpenObject};
-use log::{info, warn};
+use tracing::{info, warn};
 use scx_utils::{compat, scx_ops_attach, scx_ops_load, scx_ops_open, uei_exited, uei_report, UserExitInfo};
 
 use crate::bpf_intf;
@@ -250,13 +250,15 @@ impl<'a> Scheduler<'a> {
     /// Opens, configures, loads and attaches the BPF scheduler.
     pub fn init(
         cfg: &SchedulerConfig,
+        load: &crate::daemon::LoadOptions,
         topo: &Topology,
         tenants: &Tenants,
         open_object: &'a mut MaybeUninit<OpenObject>,
     ) -> Result<Self> {
         scx_utils::try_set_rlimit_infinity();
         let builder = BpfSkelBuilder::default();
-        let mut skel = scx_ops_open!(builder, open_object, zernel_ops, None)?;
+        let open_opts = load.libbpf.clone().into_bpf_open_opts();
+        let mut skel = scx_ops_open!(builder, open_object, zernel_ops, open_opts)?;
 
         let nr_cpus = (*scx_utils::NR_CPU_IDS).min(bpf_intf::zernel_consts_ZERNEL_MAX_CPUS as usize);
         let nr_nodes = topo.nr_nodes().clamp(1, bpf_intf::zernel_consts_ZERNEL_MAX_NODES as usize);
@@ -277,6 +279,7 @@ impl<'a> Scheduler<'a> {
         }
         skel.maps.task_class.set_max_entries(cfg.task_map_size)?;
         let ops = skel.struct_ops.zernel_ops_mut();
+        ops.exit_dump_len = load.exit_dump_len;
         // ENQ_LAST: a task alone on its CPU still passes through enqueue at
         // every slice end, so that it can move to its preferred node.
         ops.flags = *compat::SCX_OPS_ENQ_LAST | if numa { *compat::SCX_OPS_BUILTIN_IDLE_PER_NODE } else { 0 };

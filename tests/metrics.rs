@@ -1,5 +1,6 @@
 //! The OpenMetrics endpoint over real TCP: serve on 127.0.0.1 (any port),
-//! scrape with a raw TcpStream, check the answer and its updates, the 404,
+//! scrape with a raw TcpStream, parse the answer in the format the Accept
+//! header asked for, check its updates, the 404,
 //! and that a client that never sends its request does not block others.
 
 use std::io::{Read, Write};
@@ -32,13 +33,18 @@ fn start() -> (SocketAddr, Arc<Mutex<Metrics>>) {
 
 #[test]
 fn scrape_metrics_over_tcp() {
+    use openmetrics_parser::{openmetrics, prometheus};
     let (addr, current) = start();
     current.lock().unwrap().ml_enqueued = 17;
     current.lock().unwrap().threads = 5;
 
-    let (status, headers, body) = fetch(addr, "GET /metrics HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n");
+    // What Prometheus sends: OpenMetrics.
+    let (status, headers, body) = fetch(
+        addr,
+        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1\r\n\r\n",
+    );
     assert_eq!(status, "HTTP/1.1 200 OK");
-    assert!(headers.contains("Content-Type: text/plain; version=0.0.4"), "{headers}");
+    assert!(headers.contains("Content-Type: application/openmetrics-text; version=1.0.0; charset=utf-8"), "{headers}");
     let len: usize = headers
         .lines()
         .find_map(|l| l.strip_prefix("Content-Length: "))
@@ -46,16 +52,28 @@ fn scrape_metrics_over_tcp() {
         .parse()
         .unwrap();
     assert_eq!(len, body.len());
-    assert!(body.contains("# TYPE zernel_ml_enqueued_total counter\n"), "{body}");
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    let exp = openmetrics::parse_openmetrics(&body).unwrap_or_else(|e| panic!("{e:?}\n{body}"));
+    assert!(exp.families.contains_key("zernel_ml_enqueued"), "{body}");
+    assert!(body.contains("# TYPE zernel_ml_enqueued counter\n"), "{body}");
     assert!(body.contains("\nzernel_ml_enqueued_total 17\n"), "{body}");
     assert!(body.contains("# TYPE zernel_threads gauge\n"), "{body}");
     assert!(body.contains("\nzernel_threads 5\n"), "{body}");
-    assert_eq!(body, metrics::render(&current.lock().unwrap()));
+    assert_eq!(body, metrics::render(&current.lock().unwrap(), metrics::Format::OpenMetrics));
 
-    // The next scrape sees what the daemon stored since.
+    // No Accept header (curl, wget): OpenMetrics too.
+    let (_, headers, body) = fetch(addr, "GET /metrics HTTP/1.0\r\n\r\n");
+    assert!(headers.contains("Content-Type: application/openmetrics-text;"), "{headers}");
+    openmetrics::parse_openmetrics(&body).unwrap_or_else(|e| panic!("{e:?}\n{body}"));
+
+    // The 0.0.4 text on request; the next scrape sees what the daemon stored since.
     current.lock().unwrap().ml_enqueued = 18;
-    let (_, _, body) = fetch(addr, "GET /metrics?x=1 HTTP/1.0\r\n\r\n");
+    let (_, headers, body) = fetch(addr, "GET /metrics?x=1 HTTP/1.0\r\naccept: text/plain;version=0.0.4\r\n\r\n");
+    assert!(headers.contains("Content-Type: text/plain; version=0.0.4"), "{headers}");
+    let exp = prometheus::parse_prometheus(&body).unwrap_or_else(|e| panic!("{e:?}\n{body}"));
+    assert!(exp.families.contains_key("zernel_ml_enqueued_total"), "{body}");
     assert!(body.contains("\nzernel_ml_enqueued_total 18\n"), "{body}");
+    assert!(!body.contains("# EOF"), "{body}");
 }
 
 #[test]

@@ -2,6 +2,9 @@
 # Checks the packaging files without a kernel or a cluster:
 #   configs/scx_zernel.service  systemd-analyze verify, no warnings (ExecStart pointed at an
 #                               existing stand-in binary in a temp copy); required directives
+#   configs/scx.default         read as systemd reads /etc/default/scx, scx.service's ExecStart
+#                               (with and without the *_OVERRIDE pair) runs scx_zernel --config
+#                               /etc/scx_zernel/zernel.toml
 #   configs/scx_loader.toml     parses; only [scheds.scx_zernel] with the five mode lists,
 #                               each passing the matching --mode
 #   deploy/daemonset.yaml       parses; privileged, hostPID, mounts, metrics port, config
@@ -49,6 +52,53 @@ else
         grep -q "^CapabilityBoundingSet=.*\b$cap\b" "$unit" || missing+=" $cap"
     done
     if [ -z "$missing" ]; then ok "$unit: required directives"; else bad "$unit: missing$missing"; fi
+fi
+
+# --- /etc/default/scx for sched-ext's scx.service ------------------------------------------
+# The file is read as systemd reads an EnvironmentFile (KEY=VALUE, quotes removed, # comments),
+# then the unit's ExecStart runs, in its current form (with the *_OVERRIDE pair) and its older
+# one, with a stand-in scx_zernel first in PATH that records its arguments.
+scx_default=${SCX_DEFAULT:-configs/scx.default}
+scx_env() { # file -> KEY=VALUE lines, as systemd's EnvironmentFile parser gives them
+    python3 - "$1" <<'PY'
+import re, shlex, sys
+for line in open(sys.argv[1]):
+    line = line.strip()
+    if not line or line[0] in "#;":
+        continue
+    m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)$", line)
+    if not m:
+        sys.exit(f"{sys.argv[1]}: not KEY=VALUE: {line}")
+    v = m.group(2)
+    if v[:1] in "'\"":
+        v = " ".join(shlex.split(v))
+    print(m.group(1) + "=" + v)
+PY
+}
+mkdir -p "$tmp/scx-bin"
+# shellcheck disable=SC2016 # expanded by the stand-in
+printf '#!/bin/sh\nprintf "%%s\\n" "$0" "$@" >"%s"\n' "$tmp/scx.argv" >"$tmp/scx-bin/scx_zernel"
+chmod +x "$tmp/scx-bin/scx_zernel"
+if ! env_lines=$(scx_env "$scx_default"); then
+    bad "$scx_default: cannot be read as an EnvironmentFile"
+else
+    mapfile -t env_kv <<<"$env_lines"
+    # shellcheck disable=SC2016 # expanded by the unit's bash
+    for exec_start in 'exec ${SCX_SCHEDULER_OVERRIDE:-$SCX_SCHEDULER} ${SCX_FLAGS_OVERRIDE:-$SCX_FLAGS}' \
+        'exec $SCX_SCHEDULER $SCX_FLAGS'; do
+        rm -f "$tmp/scx.argv"
+        env -i PATH="$tmp/scx-bin:/usr/bin:/bin" "${env_kv[@]}" /bin/bash -c "$exec_start"
+        got=$(tr '\n' ' ' <"$tmp/scx.argv" 2>/dev/null)
+        want="$tmp/scx-bin/scx_zernel --config /etc/scx_zernel/zernel.toml "
+        if [ "$got" = "$want" ]; then ok "$scx_default: scx.service's '$exec_start' runs scx_zernel --config /etc/scx_zernel/zernel.toml"
+        else bad "$scx_default: scx.service's '$exec_start' runs '$got', want '$want'"; fi
+    done
+    missing=""
+    for key in SCX_SCHEDULER_OVERRIDE=scx_zernel SCX_FLAGS_OVERRIDE= SCX_SCHEDULER=scx_zernel SCX_FLAGS=; do
+        printf '%s\n' "${env_kv[@]}" | grep -q "^$key" || missing+=" $key"
+    done
+    if [ -z "$missing" ]; then ok "$scx_default: sets SCX_SCHEDULER{,_OVERRIDE}=scx_zernel and SCX_FLAGS{,_OVERRIDE}"
+    else bad "$scx_default: no$missing"; fi
 fi
 
 # --- scx_loader snippet and DaemonSet: structure (python3) -------------------------------
@@ -142,6 +192,13 @@ bin=${SCX_ZERNEL_BIN:-target/release/scx_zernel}
 if [ ! -x "$bin" ] || [ ! -f "$tmp/zernel.toml" ]; then
     echo "skip argument lists: no $bin (cargo build --release) or no ConfigMap config"
 else
+    # The flags of /etc/default/scx, against the shipped default config.
+    if [ -f "$tmp/scx.argv" ]; then
+        mapfile -t scx_args < <(tail -n +2 "$tmp/scx.argv")
+        scx_args=("${scx_args[@]/#\/etc\/scx_zernel\/zernel.toml/configs/zernel.toml}")
+        if out=$("$bin" "${scx_args[@]}" --dump-config 2>&1 >/dev/null); then ok "$scx_default: scx_zernel ${scx_args[*]} --dump-config"
+        else bad "$scx_default: scx_zernel ${scx_args[*]} --dump-config: ${out//$'\n'/ }"; fi
+    fi
     for list in loader daemonset; do
         [ -f "$tmp/$list.args" ] || continue
         while IFS=$'\t' read -r -a args; do

@@ -4,7 +4,7 @@
 #   tests/run-all.sh [--install] [--unit-only | --vm-only] [-v] [CASE...]
 #
 #   --install     first run scripts/setup-deps.sh (implied when CI=true)
-#   --unit-only   only `cargo test --release`
+#   --unit-only   only the unit stage (no VM)
 #   --vm-only     only the VM cases
 #   CASE...       only these VM cases (names from tests/vm/cases/, with or
 #                 without .sh); implies --vm-only
@@ -12,7 +12,9 @@
 #
 # Stages:
 #   unit  `cargo test --release`: unit and host tests. Release, so the VM stage
-#         reuses the same build.
+#         reuses the same build. Then tests/packaging.sh, tests/setup.sh
+#         (scripts/setup-deps.sh with stand-ins for apt and no qemu) and
+#         tests/shellcheck.sh (shellcheck on every shell script).
 #   vm    `cargo build --release --bins`, then every tests/vm/cases/*.sh in a VM
 #         of its own (tests/vm/vmrun.sh). A case states its VM in a header line,
 #         e.g. `# vm: --smp 4 --numa` or `# vm: --smp 2 --mem 1G --timeout 300`.
@@ -69,9 +71,17 @@ if ! command -v cargo >/dev/null && [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo"
   PATH=${CARGO_HOME:-$HOME/.cargo}/bin:$PATH
 fi
 
+# A failed setup ends with its last line repeated: the step and the command that failed.
 if (( INSTALL )); then
-  if [ "$(id -u)" = 0 ]; then scripts/setup-deps.sh
-  else sudo -n scripts/setup-deps.sh; fi || { echo "run-all: scripts/setup-deps.sh failed" >&2; exit 1; }
+  mkdir -p "$ROOT/target"
+  setup_log=$ROOT/target/setup-deps.log
+  if [ "$(id -u)" = 0 ]; then scripts/setup-deps.sh 2>&1 | tee "$setup_log"
+  else sudo -n scripts/setup-deps.sh 2>&1 | tee "$setup_log"; fi
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" != 0 ]; then
+    echo "run-all: scripts/setup-deps.sh failed (exit $rc): $(tail -n 1 "$setup_log")" >&2
+    exit 1
+  fi
 fi
 
 PASSED=0 FAILED=0 SUMMARY=()
@@ -95,6 +105,14 @@ if (( UNIT )); then
   t1=$SECONDS
   if cargo build --release --bin scx_zernel -q && bash tests/packaging.sh; then result PASS packaging $((SECONDS - t1))
   else result FAIL packaging $((SECONDS - t1)); fi
+  echo "=== unit: tests/setup.sh (scripts/setup-deps.sh on a simulated fresh machine)"
+  t1=$SECONDS
+  if bash tests/setup.sh; then result PASS setup $((SECONDS - t1))
+  else result FAIL setup $((SECONDS - t1)); fi
+  echo "=== unit: tests/shellcheck.sh (every shell script)"
+  t1=$SECONDS
+  if bash tests/shellcheck.sh; then result PASS shellcheck $((SECONDS - t1))
+  else result FAIL shellcheck $((SECONDS - t1)); fi
   UNIT_TIME=$((SECONDS - t0))
 fi
 

@@ -270,7 +270,7 @@ impl Observer {
             );
             if let Err(e) = listed {
                 if !self.warned_root {
-                    log::warn!(
+                    tracing::warn!(
                         "observe: cannot list {}: {e:?}; keeping the previous view",
                         self.root.display()
                     );

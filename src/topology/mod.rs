@@ -30,7 +30,7 @@
 //! LLCs are numbered densely (`0..nr_llcs()`) in order of each LLC's lowest CPU, so they can size
 //! BPF arrays; they are not the kernel's cache ids. Missing or garbled files never panic: a file
 //! that matters for the whole machine (no CPU found) is an error, anything else is skipped with a
-//! `log::warn!`.
+//! `tracing::warn!`.
 
 mod config;
 mod pci;
@@ -45,7 +45,7 @@ use std::fs;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use log::warn;
+use tracing::warn;
 
 /// Where sysfs is mounted on a real machine.
 pub const SYSFS_ROOT: &str = "/sys";
@@ -190,7 +190,7 @@ impl Topology {
             match bus_id.as_ref().parse::<PciAddr>() {
                 Ok(addr) => {
                     if !self.gpus.iter().any(|g| g.addr == addr) {
-                        log::debug!("topology: GPU {index} ({addr}) not found in PCI sysfs");
+                        tracing::debug!("topology: GPU {index} ({addr}) not found in PCI sysfs");
                     }
                     self.gpu_addrs.insert(*index, addr);
                 }

@@ -5,7 +5,7 @@ use std::fs;
 use std::path::Path;
 use std::str::FromStr;
 
-use log::warn;
+use tracing::warn;
 
 use super::{parse_cpulist, read_trimmed};
 
@@ -100,7 +100,7 @@ fn read_hex(path: &Path) -> Option<u32> {
 /// directory is no GPU; a garbled entry is skipped with a warning.
 pub(super) fn scan_gpus(pci_dir: &Path) -> Vec<Gpu> {
     let Ok(entries) = fs::read_dir(pci_dir) else {
-        log::debug!("topology: no {}", pci_dir.display());
+        tracing::debug!("topology: no {}", pci_dir.display());
         return Vec::new();
     };
     let mut gpus = Vec::new();

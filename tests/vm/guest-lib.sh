@@ -1,4 +1,6 @@
 # guest-lib.sh - helpers for the VM test cases in tests/vm/cases/.
+# shellcheck shell=dash
+# (busybox ash in the guest: POSIX plus `local`, as dash)
 #
 # Sourced inside the guest by busybox sh (ash: POSIX plus `local`, no bash
 # features), as the first thing a case does:

@@ -60,6 +60,7 @@ wait_until 10 has_node1
 assert_eq "kernel map holds node=1 for the GPU thread $tid" "$(ztask "$tid" node)" 1
 
 sleep 1
+# shellcheck disable=SC2046 # split into numbers on purpose
 set -- $(sample "$tid" 60)
 echo "samples on node 1 while it has idle CPUs: $1 of $2"
 assert_ge "runs >= 90% of samples on node 1 ($1/$2)" $(($1 * 100)) $(($2 * 90))
@@ -71,6 +72,7 @@ taskset -c 2-3 zernel-workload hog --name node1_hog --secs 12 --threads 4 &
 hogs=$!
 sleep 1
 t0=$(ticks_of "$tid") u0=$(cut -d' ' -f1 /proc/uptime | tr -d .)
+# shellcheck disable=SC2046 # split into numbers on purpose
 set -- $(sample "$tid" 60)
 t1=$(ticks_of "$tid") u1=$(cut -d' ' -f1 /proc/uptime | tr -d .)
 # 4 pinned hogs + this thread on node 1's 2 CPUs would give it <= 40% of a
@@ -85,6 +87,7 @@ assert_gt "samples were taken" "$2" 0
 kill "$hogs" 2>/dev/null; wait "$hogs" 2>/dev/null
 taskset -p -c 1 "$tid" >/dev/null
 sleep 0.5
+# shellcheck disable=SC2046 # split into numbers on purpose
 set -- $(sample "$tid" 40)
 assert_eq "affinity respected: no sample on node 1 when pinned to CPU 1 ($2 samples)" "$1" 0
 assert_gt "samples were taken" "$2" 0

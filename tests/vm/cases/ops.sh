@@ -1,8 +1,9 @@
 #!/bin/sh
 # vm: --smp 2 --mem 1G
 #
-# Operability against a running instance: the OpenMetrics endpoint serves
-# HELP/TYPE lines and a counter that moves between two scrapes; `--monitor`
+# Operability against a running instance: the metrics endpoint serves
+# OpenMetrics (HELP/TYPE lines, `# EOF`) by default and the Prometheus 0.0.4
+# text when asked, and a counter moves between two scrapes; `--monitor`
 # (client only) prints the stats of the running daemon; `--stats` prints
 # them from the daemon itself; `inspect` reads the pinned maps.
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
@@ -18,7 +19,10 @@ scrape >/tmp/m1
 sleep 2
 scrape >/tmp/m2
 head -n 6 /tmp/m1
-check "metrics have HELP and TYPE lines" sh -c "grep -q '^# HELP zernel_batch_enqueued_total ' /tmp/m1 && grep -q '^# TYPE zernel_batch_enqueued_total counter' /tmp/m1"
+check "OpenMetrics by default: HELP and TYPE lines" sh -c "grep -q '^# HELP zernel_batch_enqueued ' /tmp/m1 && grep -q '^# TYPE zernel_batch_enqueued counter' /tmp/m1"
+check "OpenMetrics ends with # EOF" sh -c "[ \"\$(tail -n 1 /tmp/m1)\" = '# EOF' ]"
+wget -q -S --header 'Accept: text/plain;version=0.0.4' -O /tmp/m0 http://127.0.0.1:9093/metrics 2>/tmp/m0.head
+check "Prometheus 0.0.4 text on request" sh -c "grep -qi 'Content-Type: text/plain; version=0.0.4' /tmp/m0.head && grep -q '^# TYPE zernel_batch_enqueued_total counter' /tmp/m0 && ! grep -q '^# EOF' /tmp/m0"
 v1=$(awk '$1 == "zernel_batch_enqueued_total" { print $2 }' /tmp/m1)
 v2=$(awk '$1 == "zernel_batch_enqueued_total" { print $2 }' /tmp/m2)
 echo "zernel_batch_enqueued_total: $v1 -> $v2"

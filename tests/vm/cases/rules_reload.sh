@@ -32,7 +32,7 @@ zernel-workload hog --name hog_batch --secs 40 --threads 2 &
 hog=$!
 zernel-workload hog --name frontend --secs 40 --threads 1 &
 fe=$!
-threads_up() { [ "$(ls /proc/$hog/task 2>/dev/null | wc -l)" -ge 2 ] && [ -d /proc/$fe/task ]; }
+threads_up() { [ "$(ls "/proc/$hog/task" 2>/dev/null | wc -l)" -ge 2 ] && [ -d "/proc/$fe/task" ]; }
 wait_until 5 threads_up
 htid=$(ls /proc/$hog/task | tail -n 1)
 ftid=$(ls /proc/$fe/task | tail -n 1)

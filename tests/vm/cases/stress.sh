@@ -54,6 +54,7 @@ zernel-workload hog --name zt_top --threads 8 --secs 12 &
 top=$!
 zernel-workload hog --name zt_low --secs 12 &
 low=$!
+# shellcheck disable=SC2317 # called by wait_until
 cls() { [ "$(ztask "$1" class)" = "$2" ]; }
 wait_until 10 cls "$low" batch
 assert_eq "zt_low holds class batch" "$(ztask "$low" class)" batch

@@ -35,10 +35,10 @@ hog_in() {
 }
 hog_in ta ta_hog; a=$!
 hog_in tb tb_hog; b=$!
-tenanted() { [ "$(ztask "$(ls /proc/$a/task | tail -n 1)" tenant)" = 0 ] && [ "$(ztask "$(ls /proc/$b/task | tail -n 1)" tenant)" = 1 ]; }
+tenanted() { [ "$(ztask "$(ls "/proc/$a/task" | tail -n 1)" tenant)" = 0 ] && [ "$(ztask "$(ls "/proc/$b/task" | tail -n 1)" tenant)" = 1 ]; }
 wait_until 10 tenanted
-assert_eq "kernel map holds tenant 0 for a's threads" "$(ztask "$(ls /proc/$a/task | tail -n 1)" tenant)" 0
-assert_eq "kernel map holds tenant 1 for b's threads" "$(ztask "$(ls /proc/$b/task | tail -n 1)" tenant)" 1
+assert_eq "kernel map holds tenant 0 for a's threads" "$(ztask "$(ls "/proc/$a/task" | tail -n 1)" tenant)" 0
+assert_eq "kernel map holds tenant 1 for b's threads" "$(ztask "$(ls "/proc/$b/task" | tail -n 1)" tenant)" 1
 sleep 1
 
 # window SECS : prints "a_usec b_usec wall_csec" used during ~SECS seconds.
@@ -52,11 +52,14 @@ snap() {   # "a_usec b_usec uptime_csec", read by one process at one moment
 }
 window() {
   _secs=$1
+  # shellcheck disable=SC2046 # split into numbers on purpose
   set -- $(snap); a0=$1 b0=$2 w0=$3
   sleep "$_secs"
+  # shellcheck disable=SC2046 # split into numbers on purpose
   set -- $(snap)
   echo "$(( $1 - a0 )) $(( $2 - b0 )) $(( $3 - w0 ))"
 }
+# shellcheck disable=SC2046 # split into numbers on purpose
 set -- $(window 20)
 pa=$(( $1 * 100 / ($1 + $2) ))
 both_rate=$(( ($1 + $2) / $3 ))   # tenants' CPU usec per centisecond
@@ -69,6 +72,7 @@ assert_ge "weight 3:1 -> a <= 85%" 85 "$pa"
 # emulation, where one fork can take a tenth of a second).
 kill -STOP "$b"
 sleep 1
+# shellcheck disable=SC2046 # split into numbers on purpose
 set -- $(window 2)
 a_rate=$(( $1 / $3 ))
 pa=$(( a_rate * 100 / both_rate ))
@@ -85,6 +89,7 @@ check "metrics: per-tenant borrowed/lent gauges" grep -q 'zernel_tenant_lent_pct
 # b comes back: its share returns within 1 s.
 kill -CONT "$b"
 sleep 1
+# shellcheck disable=SC2046 # split into numbers on purpose
 set -- $(window 2)
 pb=$(( $2 * 100 / ($1 + $2) ))
 echo "b resumed, from 1 s after, over $3 cs: a=$1 us b=$2 us -> b has $pb% of the tenants' CPU"

@@ -74,8 +74,10 @@ snap() {
 }
 share_a() {   # share_a SECS : a's % of the two tenants' CPU over SECS
   _secs=$1
+  # shellcheck disable=SC2046 # split into numbers on purpose
   set -- $(snap); a0=$1 b0=$2
   sleep "$_secs"
+  # shellcheck disable=SC2046 # split into numbers on purpose
   set -- $(snap)
   echo $(( ($1 - a0) * 100 / ($1 - a0 + $2 - b0) ))
 }
