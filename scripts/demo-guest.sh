@@ -25,7 +25,7 @@ say "starting $HOGS CPU hogs (stress-ng --cpu $HOGS) in cgroup ${HOGCG#/sys/fs/c
 sh -c "echo \$\$ >$HOGCG/cgroup.procs && exec stress-ng --cpu $HOGS --quiet --temp-path /tmp" &
 hogs=$!
 
-# measure NAME : steps per second and the hogs' CPU over SECS seconds.
+# measure NAME : steps per second (RATE) and the hogs' CPUs (CORES) over SECS seconds.
 measure() {
   s0=$(cat "$W/progress") u0=$(hog_usec) t0=$(now)
   sleep "$SECS"
@@ -33,11 +33,12 @@ measure() {
   rate=$(awk -v a="$s0" -v b="$s1" -v t="$t0" -v u="$t1" 'BEGIN { printf "%.3f", (b - a) / (u - t) }')
   cores=$(awk -v a="$u0" -v b="$u1" -v t="$t0" -v u="$t1" 'BEGIN { printf "%.2f", (b - a) / 1e6 / (u - t) }')
   echo "$1: $((s1 - s0)) steps in $(awk -v t="$t0" -v u="$t1" 'BEGIN { printf "%.1f", u - t }') s = $rate steps/s; hogs used $cores CPUs"
-  eval "RATE_$2=$rate CORES_$2=$cores"
+  RATE=$rate CORES=$cores
 }
 
 say "$SECS s under the kernel's default scheduler (EEVDF)"
-measure "EEVDF" eevdf
+measure "EEVDF"
+rate_eevdf=$RATE cores_eevdf=$CORES
 
 say "starting scx_zernel (configs/zernel.toml)"
 scx_zernel --config configs/zernel.toml >"$W/zernel.log" 2>&1 &
@@ -53,7 +54,8 @@ grep "ML process" "$W/zernel.log" || true
 say "$SECS s under scx_zernel; its live view (scx_zernel --monitor 1) for the first 5 s:"
 timeout 6 scx_zernel --monitor 1 2>&1 | head -n 60 &
 mon=$!
-measure "scx_zernel" zernel
+measure "scx_zernel"
+rate_zernel=$RATE cores_zernel=$CORES
 wait "$mon" 2>/dev/null
 grep "ML process" "$W/zernel.log" | sed 's/^/  /'
 echo "what the kernel holds for the job's threads now (scx_zernel inspect --entries):"
@@ -63,8 +65,8 @@ kill "$hogs" "$train" 2>/dev/null; wait "$hogs" "$train" 2>/dev/null
 
 say "the same job beside $HOGS CPU hogs on $(nproc) vCPUs, $SECS s each"
 printf '%-12s %14s %10s %12s\n' scheduler "train steps/s" "vs EEVDF" "hogs' CPUs"
-printf '%-12s %14s %10s %12s\n' EEVDF "$RATE_eevdf" 1.00 "$CORES_eevdf"
-printf '%-12s %14s %10s %12s\n' scx_zernel "$RATE_zernel" \
-  "$(awk -v a="$RATE_eevdf" -v b="$RATE_zernel" 'BEGIN { if (a > 0) printf "%.2f", b / a; else print "-" }')" "$CORES_zernel"
+printf '%-12s %14s %10s %12s\n' EEVDF "$rate_eevdf" 1.00 "$cores_eevdf"
+printf '%-12s %14s %10s %12s\n' scx_zernel "$rate_zernel" \
+  "$(awk -v a="$rate_eevdf" -v b="$rate_zernel" 'BEGIN { if (a > 0) printf "%.2f", b / a; else print "-" }')" "$cores_zernel"
 echo "scx_zernel exit status on SIGINT: $zrc"
 [ "$zrc" = 0 ]

@@ -6,7 +6,8 @@
 #   - no qemu: it goes on to install qemu-system-x86 from bookworm-backports, says so,
 #     and checks the version of what was installed;
 #   - a package missing (shellcheck): it is installed from the system's sources;
-#   - qemu 10 present: nothing is installed;
+#   - the venv (PyTorch, virtme-ng) and virtiofsd are installed where missing;
+#   - qemu 10 present: nothing is installed from apt;
 #   - a failing command (the backports update), or no root: the last line names the
 #     step and the command or the reason.
 #
@@ -56,9 +57,22 @@ printf 'install ok installed'
 EOF
 # shellcheck disable=SC2016 # expanded by the stand-in
 printf '#!/bin/sh\necho "${STUB_UID:-0}"\n' >"$tmp/bin/id"
-printf '#!/bin/sh\nexit 0\n' >"$tmp/bin/cargo"
+# cargo and python3 record what they install; a venv gets a python that answers
+# the version check, and vng once pip has run.
+# shellcheck disable=SC2016 # expanded by the stand-in
+printf '#!/bin/sh\necho "cargo $*" >>"$STUB_LOG"\n' >"$tmp/bin/cargo"
+# shellcheck disable=SC2016 # expanded by the stand-in
+cat >"$tmp/bin/python3" <<'EOF'
+#!/bin/sh
+echo "python3 $*" >>"$STUB_LOG"
+[ "$1 $2" = "-m venv" ] || exit 0
+mkdir -p "$3/bin"
+printf '#!/bin/sh\nexit 0\n' >"$3/bin/python"
+printf '#!/bin/sh\necho "pip $*" >>"$STUB_LOG"\n: >"%s/bin/vng"; chmod +x "%s/bin/vng"\n' "$3" "$3" >"$3/bin/pip"
+chmod +x "$3/bin/python" "$3/bin/pip"
+EOF
 chmod +x "$tmp/bin/"*
-for t in bash env dirname sed head grep mkdir cat chmod cp printf tail; do
+for t in bash env dirname sed head grep mkdir cat chmod cp printf tail rm; do
   p=$(command -v "$t") || { bad "host tool $t not found"; continue; }
   [ "$p" = "$t" ] || ln -s "$p" "$tmp/bin/$t"
 done
@@ -94,6 +108,14 @@ if grep -q "^vmrun --fetch-only" "$tmp/noqemu.log" && [ "$(tail -n 1 "$tmp/noqem
   ok "no qemu: goes on to fetch the guest kernel and finishes"
 else
   bad "no qemu: did not finish:"; show noqemu
+fi
+
+# --- the real-framework guests: a venv with PyTorch and virtme-ng, virtiofsd ------------------
+if grep -q -- "^pip install -q --progress-bar off torch==2.15.0 numpy virtme-ng==1.42$" "$tmp/noqemu.log" \
+   && grep -q -- "^cargo install -q --locked virtiofsd@1.14.0$" "$tmp/noqemu.log"; then
+  ok "fresh machine: PyTorch 2.15.0, numpy and virtme-ng 1.42 into the venv, virtiofsd through cargo install"
+else
+  bad "fresh machine: no venv or no virtiofsd install:"; show noqemu; sed 's/^/    log| /' "$tmp/noqemu.log"
 fi
 
 # --- a package missing: installed from the system's sources ---------------------------------

@@ -182,6 +182,7 @@ run_host_root() {
   # The guest's own deadline leaves room for a slow boot on a loaded host, so
   # a hung case still reports its processes and kernel log.
   local deadline=$(( TIMEOUT > 300 ? TIMEOUT - 90 : TIMEOUT * 2 / 3 ))
+  # shellcheck disable=SC2016  # the guest script's own expansions, written as they are
   {
     echo '#!/bin/sh'
     echo '# Run by virtme-ng-init as root; the root filesystem is the host'"'"'s, read-only.'

@@ -12,7 +12,7 @@
 #     DataLoading policy for it; each rank's main thread holds class ml
 #     (policy.ml_unknown, no GPU data);
 #   - both ranks keep training under scx_zernel.
-# shellcheck source=tests/vm/guest-lib.sh
+# shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
 PY=${ZERNEL_PYTHON:-}
@@ -41,14 +41,14 @@ s0=$(cat "$W/progress.0")
 check "kernel holds the DataLoading policy for a rank's DataLoader worker (pt_data_worker: ml, 4000 us)" \
   wait_until 300 zholds pt_data_worker ml 4000 0
 for r in 0 1; do
-  eval "pid=\$r$r"
+  pid=$r0; [ "$r" = 1 ] && pid=$r1
   check "rank $r's main thread holds class ml (policy.ml_unknown: no GPU data)" wait_until 60 ztask_is "$pid" class ml
 done
 zentries | sort | uniq -c
 grep "ML process" "$ZLOG"
 
 for r in 0 1; do
-  eval "pid=\$r$r"
+  pid=$r0; [ "$r" = 1 ] && pid=$r1
   check "rank $r (pid $pid) is ML with RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 read from its environment" \
     grep -q "ML process pid=$pid .*evidence=[a-z_,]*env_rank.* rank=$r local_rank=$r world_size=2" "$ZLOG"
   check "rank $r is ML by the CUDA libraries torch maps" grep -q "ML process pid=$pid .*evidence=[a-z_,]*gpu_library" "$ZLOG"
@@ -69,7 +69,7 @@ for line in open(sys.argv[3]):
 print(" ".join(sorted(roles)))' "$1" "$2" "$W/observe.json"
 }
 for r in 0 1; do
-  eval "pid=\$r$r"
+  pid=$r0; [ "$r" = 1 ] && pid=$r1
   for name in pt_gloo_runloop gloo_tcp_loop; do
     assert_eq "rank $r's $name threads have the role gloo" "$(roles "$pid" "$name")" gloo
   done

@@ -10,7 +10,7 @@
 #     task_class map holds a decision for its threads;
 #   - the client, plain Python, is not ML and has no entry;
 #   - requests keep being answered under scx_zernel.
-# shellcheck source=tests/vm/guest-lib.sh
+# shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
 PY=${ZERNEL_PYTHON:-}

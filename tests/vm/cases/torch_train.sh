@@ -14,7 +14,7 @@
 #     policy.ml_unknown (ml); ml-class enqueues counted;
 #   - the plain Python process has no entry;
 #   - the job keeps training under scx_zernel (its step count moves).
-# shellcheck source=tests/vm/guest-lib.sh
+# shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
 PY=${ZERNEL_PYTHON:-}
