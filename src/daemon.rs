@@ -172,7 +172,8 @@ pub struct Pipeline {
 impl Pipeline {
     pub fn new(cfg: Config, topo: Topology) -> Result<Pipeline> {
         let rules = Rules::compile(&cfg.rules, &cfg.tenant_names()).map_err(anyhow::Error::msg)?;
-        let tenants = Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?;
+        let tenants =
+            Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?.with_default_weight(cfg.tenancy.default_weight);
         Ok(Pipeline {
             tenants,
             tenants_changed: false,
@@ -191,7 +192,8 @@ impl Pipeline {
     /// source); the scheduler section needs a restart and is kept.
     pub fn reconfigure(&mut self, mut cfg: Config) -> Result<()> {
         let rules = Rules::compile(&cfg.rules, &cfg.tenant_names()).map_err(anyhow::Error::msg)?;
-        let tenants = Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?;
+        let tenants =
+            Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?.with_default_weight(cfg.tenancy.default_weight);
         if tenants.len() != self.tenants.len() {
             bail!("the number of [[tenants]] changed ({} -> {}): restart scx_zernel to apply", self.tenants.len(), tenants.len());
         }
@@ -210,7 +212,7 @@ impl Pipeline {
         if cfg.phase != self.cfg.phase {
             self.detector = PhaseDetector::new(cfg.phase.clone());
         }
-        self.tenants_changed |= cfg.tenants != self.cfg.tenants;
+        self.tenants_changed |= cfg.tenants != self.cfg.tenants || cfg.tenancy != self.cfg.tenancy;
         self.rules = rules;
         self.tenants = tenants;
         self.topo = topo;

@@ -328,7 +328,8 @@ impl<'a> Scheduler<'a> {
         })
     }
 
-    /// Writes the tenants' weights (same tenant count as at load).
+    /// Writes the shares' weights: the tenants' (same count as at load), then
+    /// the default share's at index `nr_tenants`.
     pub fn set_tenant_weights(&self, tenants: &Tenants) -> Result<()> {
         if tenants.len() != self.nr_tenants {
             bail!("the number of tenants changed ({} -> {}): restart scx_zernel to apply", self.nr_tenants, tenants.len());
@@ -336,6 +337,8 @@ impl<'a> Scheduler<'a> {
         for (i, w) in tenants.weights().iter().enumerate() {
             self.skel.maps.tenant_weight.update(&(i as u32).to_ne_bytes(), &w.to_ne_bytes(), MapFlags::ANY)?;
         }
+        let (i, w) = (self.nr_tenants as u32, tenants.default_weight());
+        self.skel.maps.tenant_weight.update(&i.to_ne_bytes(), &w.to_ne_bytes(), MapFlags::ANY)?;
         Ok(())
     }
 

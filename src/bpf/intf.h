@@ -18,7 +18,7 @@ enum zernel_consts {
 	ZERNEL_MAX_CPUS		= 1024,
 	ZERNEL_MAX_NODES	= 16,
 	ZERNEL_MAX_TENANTS	= 16,
-	/* Tenant queues: dsq id = ZERNEL_TENANT_DSQ + tenant. */
+	/* Tenant queues: dsq id = ZERNEL_TENANT_DSQ + tenant * ZCLASS_NR + class. */
 	ZERNEL_TENANT_DSQ	= 0x10000,
 	/* Tenant weights are relative to this one. */
 	ZERNEL_WEIGHT_UNIT	= 1024,
