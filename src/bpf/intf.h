@@ -50,7 +50,8 @@ enum zernel_task_flags {
  * select_cpu. Keyed by TID. start_ticks ties the entry to one task's
  * lifetime: it must equal the task's start time in USER_HZ ticks (field 22
  * of /proc/<tid>/stat); an entry whose start time does not match belongs to
- * a recycled TID and is ignored and deleted.
+ * a recycled TID and is ignored (counted as map_stale), never deleted by
+ * BPF: only the daemon and exit_task remove entries.
  */
 struct task_class {
 	u32	class;		/* enum zernel_class */
@@ -79,7 +80,7 @@ enum zernel_class_stat {
 enum zernel_global_stat {
 	ZGSTAT_MAP_HIT = 0,	/* lookups (one per wakeup or enqueue) that found an entry */
 	ZGSTAT_MAP_MISS,	/* lookups with no entry (default class) */
-	ZGSTAT_MAP_STALE,	/* entries dropped: TID recycled */
+	ZGSTAT_MAP_STALE,	/* lookups that found another task's entry (TID recycled): ignored */
 	ZGSTAT_PREF_CPU,	/* select_cpu used the preferred CPU */
 	ZGSTAT_PREF_NODE,	/* select_cpu found an idle CPU on the preferred node */
 	ZGSTAT_IDLE_NEAR,	/* ... on prev_cpu's node (prev, its LLC, node) */

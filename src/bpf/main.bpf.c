@@ -45,7 +45,7 @@
  *
  * A decision is tied to one task's lifetime by its start time: an entry
  * whose start time differs from the task's belongs to a recycled TID and is
- * dropped. zernel_exit_task deletes the entry of every exiting task, so the
+ * ignored (and counted as map_stale), not deleted. zernel_exit_task deletes the entry of every exiting task, so the
  * map holds at most one entry per live thread the daemon classified.
  */
 #include <scx/common.bpf.h>
@@ -194,8 +194,12 @@ static __always_inline s32 node_of(s32 cpu)
 }
 
 /*
- * The decision for @p, or NULL when there is none (or it belongs to an
- * earlier task with the same TID, in which case it is deleted).
+ * The decision for @p, or NULL when there is none, or when it belongs to an
+ * earlier task with the same TID: that one is ignored and counted, never
+ * deleted here. Only its writer (the daemon) and exit_task remove entries:
+ * a delete here could remove the fresh entry the daemon has just written
+ * for the new task in place of the stale one, and the daemon would never
+ * know that the thread lost its decision.
  */
 static struct task_class *lookup_decision(struct task_struct *p)
 {
@@ -208,7 +212,6 @@ static struct task_class *lookup_decision(struct task_struct *p)
 		return NULL;
 	}
 	if (tc->start_ticks != p->start_boottime / NSEC_PER_TICK) {
-		bpf_map_delete_elem(&task_class, &tid);
 		stat_glob(ZGSTAT_MAP_STALE);
 		return NULL;
 	}

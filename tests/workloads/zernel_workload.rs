@@ -1,6 +1,7 @@
 //! `zernel-workload`: processes that behave like an ML training job (or
 //! like the background noise around one), for scx_zernel's tests and
-//! benchmarks. std + libc only.
+//! benchmarks. std + libc only, but for `entry` (libbpf-rs and the shared
+//! struct of intf.h).
 //!
 //! ```text
 //! zernel-workload train --gpu-file PATH --secs S [--workers N] [--data-dir DIR]
@@ -14,6 +15,7 @@
 //! zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS]
 //!                 [--busy-pct P]
 //! zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]
+//! zernel-workload entry --map PATH --tid T --class N [--start-offset TICKS]
 //! ```
 //!
 //! # train
@@ -64,6 +66,11 @@
 //! `zernel-workload reader opened PATH fd N` when it does. With --thread,
 //! a second thread named NAME2 does the reading, from --start-ms on (it
 //! sleeps until then); the main thread only waits.
+//!
+//! # entry
+//! Not a workload: writes one entry into the pinned task_class map, with the
+//! thread's start time plus TICKS (a stale entry unless TICKS is 0). See
+//! entry.rs.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -73,6 +80,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+mod entry;
 
 const BATCH: usize = 4096;
 const RANK_ENV: [(&str, &str); 3] = [("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")];
@@ -86,7 +95,8 @@ zernel-workload hog --name NAME --secs S [--threads N] [--busy-pct P] [--rename 
 zernel-workload threads --count N --secs S [--wake-ms MS] [--ml]\n  \
 zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]\n  \
 zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS] [--busy-pct P]\n  \
-zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]"
+zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]\n  \
+zernel-workload entry --map PATH --tid T --class N [--start-offset TICKS]"
     );
     std::process::exit(2)
 }
@@ -201,7 +211,20 @@ fn main() {
         "threads" => threads(&Opts::parse(rest, &["ml"])),
         "churn" => churn(&Opts::parse(rest, &[])),
         "reader" => reader(&Opts::parse(rest, &[])),
+        "entry" => entry_cmd(&Opts::parse(rest, &[])),
         _ => usage(),
+    }
+}
+
+fn entry_cmd(o: &Opts) {
+    let Some(map) = o.str("map") else { usage() };
+    let (tid, class, offset) = (o.num("tid", 0) as u32, o.num("class", u64::MAX) as u32, o.num("start-offset", 0));
+    if tid == 0 || class == u32::MAX {
+        usage()
+    }
+    if let Err(e) = entry::write(map, tid, class, offset) {
+        eprintln!("zernel-workload entry: {e}");
+        std::process::exit(1);
     }
 }
 
