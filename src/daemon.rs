@@ -478,6 +478,7 @@ fn serve(
             }
         }
 
+        sched.heartbeat();
         if std::mem::take(&mut pipeline.tenants_changed) {
             sched.set_tenant_weights(&pipeline.tenants)?;
         }
@@ -521,6 +522,7 @@ fn serve(
             if shutdown.load(Ordering::Relaxed) {
                 break;
             }
+            sched.heartbeat();
             match req_ch.recv_timeout(left.min(Duration::from_millis(100))) {
                 Ok(()) => res_ch.send(metrics.clone())?,
                 Err(RecvTimeoutError::Timeout) => {}

@@ -89,6 +89,8 @@ enum zernel_global_stat {
 	ZGSTAT_KICK,		/* idle CPUs kicked on enqueue */
 	ZGSTAT_EXIT_DEL,	/* entries deleted by exit_task */
 	ZGSTAT_TENANT_DISP,	/* dispatches from tenant queues */
+	ZGSTAT_MAP_EXPIRED,	/* lookups that found an entry while the daemon's
+				 * heartbeat was older than decision_ttl: default class */
 	ZGSTAT_NR,
 };
 

@@ -43,6 +43,10 @@
  * at once, with no credit for the time it was idle. With no tenants the
  * default share is the only one and the class order alone decides.
  *
+ * Decisions hold while the daemon lives: it writes a heartbeat every pass,
+ * and once that is older than decision_ttl_ns every lookup gives the
+ * default class (map_expired counts them) until the daemon beats again.
+ *
  * A decision is tied to one task's lifetime by its start time: an entry
  * whose start time differs from the task's belongs to a recycled TID and is
  * ignored (and counted as map_stale), not deleted. zernel_exit_task deletes the entry of every exiting task, so the
@@ -61,6 +65,7 @@ const volatile u64 class_slice_ns[ZCLASS_NR] = {
 };
 const volatile u64 starve_ns = 50000000;
 const volatile u64 wake_preempt_ns = 1000000;
+const volatile u64 decision_ttl_ns = 5000000000ULL;
 const volatile u32 default_class = ZCLASS_NORMAL;
 const volatile u32 nr_cpus = 1;
 const volatile u32 nr_nodes = 1;
@@ -96,6 +101,12 @@ struct {
 	__type(key, u32);
 	__type(value, u64);
 } tenant_weight SEC(".maps");
+
+/*
+ * The daemon's heartbeat: bpf_ktime_get_ns() time (CLOCK_MONOTONIC) of its
+ * last sign of life, written by the daemon at least every pass.
+ */
+u64 heartbeat_ns;
 
 /* When zernel_dispatch next peeks the queue heads for starved tasks. */
 u64 next_starve_scan;
@@ -201,6 +212,16 @@ static __always_inline s32 node_of(s32 cpu)
  * for the new task in place of the stale one, and the daemon would never
  * know that the thread lost its decision.
  */
+/*
+ * Is the daemon's heartbeat older than decision_ttl_ns? A hung (or stopped)
+ * daemon no longer keeps its decisions up to date: every thread falls back
+ * to the default class until it beats again.
+ */
+static __always_inline bool decisions_expired(void)
+{
+	return (s64)(bpf_ktime_get_ns() - heartbeat_ns) > (s64)decision_ttl_ns;
+}
+
 static struct task_class *lookup_decision(struct task_struct *p)
 {
 	struct task_class *tc;
@@ -213,6 +234,10 @@ static struct task_class *lookup_decision(struct task_struct *p)
 	}
 	if (tc->start_ticks != p->start_boottime / NSEC_PER_TICK) {
 		stat_glob(ZGSTAT_MAP_STALE);
+		return NULL;
+	}
+	if (decisions_expired()) {
+		stat_glob(ZGSTAT_MAP_EXPIRED);
 		return NULL;
 	}
 	__sync_fetch_and_add(&tc->applied, 1);
