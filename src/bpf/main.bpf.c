@@ -19,6 +19,8 @@
  *                      kick an idle CPU, its node first
  *   slice end ─> zernel_enqueue again (SCX_OPS_ENQ_LAST): a task that runs
  *              alone on the wrong node moves to its node's idle CPU
+ *   RT task takes a CPU ─> zernel_cpu_release: its local queue goes back
+ *              through zernel_enqueue, to run on another CPU
  *   CPU free ─> zernel_dispatch:
  *              1. any queue whose head waited > its bound (oldest first;
  *                 checked every starve_ns / 8, every dispatch while one
@@ -364,6 +366,27 @@ static s32 find_idle(struct task_struct *p, u32 node)
 	return -1;
 }
 
+/*
+ * May @p run on some CPU of @node (one this machine has)? A thread whose
+ * GPU is on another node than the CPUs it is pinned to (taskset, numactl,
+ * an OpenMP pool) must queue where it can run: in its preferred node's
+ * queue it would be served only by the starvation bound.
+ */
+static bool may_run_on_node(struct task_struct *p, s32 node)
+{
+	u32 cpu;
+
+	if (node < 0 || node >= nr_nodes)
+		return false;
+	if (p->nr_cpus_allowed >= nr_cpus)
+		return true;
+	bpf_for(cpu, 0, nr_cpus) {
+		if (node_of(cpu) == node && bpf_cpumask_test_cpu(cpu, p->cpus_ptr))
+			return true;
+	}
+	return false;
+}
+
 /* Has @node no idle CPU? Only then may other nodes steal its work early. */
 static bool node_saturated(u32 node)
 {
@@ -392,8 +415,8 @@ s32 BPF_STRUCT_OPS(zernel_select_cpu, struct task_struct *p, s32 prev_cpu,
 		goto direct;
 	}
 
-	/* 2. An idle CPU on the preferred node. */
-	if (tc && tc->node >= 0 && numa_enabled) {
+	/* 2. An idle CPU on the preferred node (one this machine has). */
+	if (tc && tc->node >= 0 && tc->node < nr_nodes && numa_enabled) {
 		cpu = claim_idle_on(p, tc->node);
 		if (cpu >= 0) {
 			stat_glob(ZGSTAT_PREF_NODE);
@@ -437,6 +460,9 @@ static s32 find_victim(struct task_struct *p, u32 class)
 
 		if (!bpf_cpumask_test_cpu(cpu, p->cpus_ptr))
 			continue;
+		/* A task that may not migrate stays on its own CPU. */
+		if (cpu != start && is_migration_disabled(p))
+			break;
 		cctx = bpf_map_lookup_percpu_elem(&cpu_ctxs, &zero, cpu);
 		if (cctx && cctx->class > class)
 			return cpu;
@@ -530,7 +556,7 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 		}
 	}
 
-	node = tc && tc->node >= 0 && tc->node < nr_nodes ?
+	node = tc && may_run_on_node(p, tc->node) ?
 		tc->node : node_of(scx_bpf_task_cpu(p));
 
 	share = share_of(class, tenant);
@@ -772,6 +798,17 @@ void BPF_STRUCT_OPS(zernel_stopping, struct task_struct *p, bool runnable)
 		s->tenant_ns[t] += used;
 }
 
+/*
+ * A higher sched class (an RT or deadline task) took @cpu: the tasks in its
+ * local queue would wait behind it. Send them back through zernel_enqueue
+ * (SCX_ENQ_REENQ), which queues them where another CPU can take them.
+ */
+void BPF_STRUCT_OPS(zernel_cpu_release, s32 cpu,
+		    struct scx_cpu_release_args *args)
+{
+	scx_bpf_reenqueue_local();
+}
+
 s32 BPF_STRUCT_OPS(zernel_init_task, struct task_struct *p,
 		   struct scx_init_task_args *args)
 {
@@ -835,6 +872,7 @@ SCX_OPS_DEFINE(zernel_ops,
 	       .dispatch	= (void *)zernel_dispatch,
 	       .running		= (void *)zernel_running,
 	       .stopping	= (void *)zernel_stopping,
+	       .cpu_release	= (void *)zernel_cpu_release,
 	       .init_task	= (void *)zernel_init_task,
 	       .exit_task	= (void *)zernel_exit_task,
 	       .init		= (void *)zernel_init,

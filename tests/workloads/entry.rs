@@ -3,10 +3,11 @@
 //! time of our choosing. With `--start-offset 0` it is a valid entry for the
 //! thread; with any other offset it is the entry of an earlier task that had
 //! the same TID (a recycled TID), which the kernel must ignore, count as
-//! map_stale, and leave in place (only its writer may remove it).
+//! map_stale, and leave in place (only its writer may remove it). `--node`
+//! sets the preferred node (default -1, none), also one the machine lacks.
 //!
 //! ```text
-//! zernel-workload entry --map PIN_DIR/task_class --tid T --class N [--start-offset TICKS]
+//! zernel-workload entry --map PIN_DIR/task_class --tid T --class N [--start-offset TICKS] [--node N]
 //! ```
 
 use scx_zernel::bpf_intf::task_class;
@@ -19,7 +20,7 @@ fn start_ticks(tid: u32) -> Result<u64, String> {
     after_comm.split(' ').nth(19).and_then(|f| f.parse().ok()).ok_or_else(|| format!("/proc/{tid}/stat: no start time"))
 }
 
-pub fn write(map: &str, tid: u32, class: u32, offset: u64) -> Result<(), String> {
+pub fn write(map: &str, tid: u32, class: u32, offset: u64, node: i32) -> Result<(), String> {
     use libbpf_rs::{MapCore, MapFlags, MapHandle};
     let start = start_ticks(tid)? + offset;
     let v = task_class {
@@ -27,7 +28,7 @@ pub fn write(map: &str, tid: u32, class: u32, offset: u64) -> Result<(), String>
         flags: 0,
         slice_ns: 0,
         cpu: -1,
-        node: -1,
+        node,
         tenant: -1,
         pad: 0,
         start_ticks: start,
@@ -37,6 +38,6 @@ pub fn write(map: &str, tid: u32, class: u32, offset: u64) -> Result<(), String>
     let bytes = unsafe { std::slice::from_raw_parts((&v as *const task_class).cast::<u8>(), size_of::<task_class>()) };
     let m = MapHandle::from_pinned_path(map).map_err(|e| format!("{map}: {e}"))?;
     m.update(&tid.to_ne_bytes(), bytes, MapFlags::ANY).map_err(|e| format!("{map}: {e}"))?;
-    println!("zernel-workload entry tid={tid} class={class} start_ticks={start} (offset {offset})");
+    println!("zernel-workload entry tid={tid} class={class} node={node} start_ticks={start} (offset {offset})");
     Ok(())
 }
