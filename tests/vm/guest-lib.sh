@@ -165,13 +165,15 @@ ztask() {
 }
 
 # zsample SECS FILE [PID] : the kernel's entries, read every 0.2 s for SECS s
-# (or until PID exits), appended to FILE as "<comm> <class> <slice_us>
-# <preempt>" lines, one per entry per round (spaces in comm become _).
+# (or until PID exits, or FILE.done exists), appended to FILE as "<comm>
+# <class> <slice_us> <preempt>" lines, one per entry per round (spaces in
+# comm become _).
 zsample() {
   local end tid class slice preempt comm
   end=$(( $(cut -d. -f1 /proc/uptime) + $1 ))
   while [ "$(cut -d. -f1 /proc/uptime)" -lt "$end" ]; do
     if [ -n "${3:-}" ] && ! alive "$3"; then break; fi
+    [ -e "$2.done" ] && break
     scx_zernel inspect --entries | while read -r tid class slice _ _ _ preempt _; do
       tid=${tid#tid=}
       comm=$(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null) &&
@@ -190,6 +192,7 @@ zernel_sampled() {
   shift 3
   zernel_start "$cfg" || return 1
   : >"$out"
+  rm -f "$out.done"
   zsample "$secs" "$out" &
   zs=$!
   if [ $# -gt 0 ]; then "$@"; fi
