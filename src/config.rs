@@ -112,6 +112,10 @@ pub struct SchedulerConfig {
     /// Capacity of the per-thread decision map. When it is full, further
     /// threads keep the default class and `map_full` counts them.
     pub task_map_size: u32,
+    /// Decisions hold while the daemon's heartbeat (written every pass) is
+    /// younger than this; a hung daemon's decisions fall back to the default
+    /// class after it, and return when it beats again.
+    pub decision_ttl_ms: u64,
     /// Per-class default slices, in microseconds.
     pub slice_us: SliceConfig,
     /// bpffs directory where the maps are pinned for `scx_zernel inspect`
@@ -126,11 +130,16 @@ impl Default for SchedulerConfig {
             starvation_bound_ms: 50,
             wakeup_preempt_us: 1000,
             task_map_size: 65536,
+            decision_ttl_ms: 5000,
             slice_us: SliceConfig::default(),
             pin_dir: "/sys/fs/bpf/scx_zernel".into(),
         }
     }
 }
+
+/// Valid range of `scheduler.decision_ttl_ms`: longer than a few of the
+/// daemon's heartbeats (at least every 100 ms), at most an hour.
+pub const DECISION_TTL_MS_RANGE: std::ops::RangeInclusive<u64> = 500..=3_600_000;
 
 /// Valid range of a slice, in microseconds.
 pub const SLICE_US_RANGE: (u64, u64) = (50, 1_000_000);
@@ -153,6 +162,14 @@ impl SchedulerConfig {
             return Err(format!(
                 "scheduler.task_map_size = {} is out of range 1024..=4194304",
                 self.task_map_size
+            ));
+        }
+        if !DECISION_TTL_MS_RANGE.contains(&self.decision_ttl_ms) {
+            return Err(format!(
+                "scheduler.decision_ttl_ms = {} is out of range {}..={}",
+                self.decision_ttl_ms,
+                DECISION_TTL_MS_RANGE.start(),
+                DECISION_TTL_MS_RANGE.end()
             ));
         }
         for class in Class::ALL {
@@ -299,6 +316,8 @@ mod tests {
             ("[scheduler.slice_us]\nbatch = 0\n", "scheduler.slice_us.batch"),
             ("[scheduler]\nwakeup_preempt_us = 10\n", "scheduler.wakeup_preempt_us"),
             ("[scheduler]\nwakeup_preempt_us = 5000000\n", "scheduler.wakeup_preempt_us"),
+            ("[scheduler]\ndecision_ttl_ms = 100\n", "scheduler.decision_ttl_ms"),
+            ("[tenancy]\ndefault_weight = 0\n", "tenancy.default_weight"),
         ] {
             let e = Config::parse(text, "d.toml").unwrap_err().0;
             assert!(e.starts_with("d.toml: ") && e.contains(key), "{e}");

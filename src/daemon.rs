@@ -215,7 +215,8 @@ pub struct Pipeline {
 impl Pipeline {
     pub fn new(cfg: Config, topo: Topology) -> Result<Pipeline> {
         let rules = Rules::compile(&cfg.rules, &cfg.tenant_names()).map_err(anyhow::Error::msg)?;
-        let tenants = Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?;
+        let tenants =
+            Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?.with_default_weight(cfg.tenancy.default_weight);
         Ok(Pipeline {
             tenants,
             tenants_changed: false,
@@ -234,7 +235,8 @@ impl Pipeline {
     /// source); the scheduler section needs a restart and is kept.
     pub fn reconfigure(&mut self, mut cfg: Config) -> Result<()> {
         let rules = Rules::compile(&cfg.rules, &cfg.tenant_names()).map_err(anyhow::Error::msg)?;
-        let tenants = Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?;
+        let tenants =
+            Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?.with_default_weight(cfg.tenancy.default_weight);
         if tenants.len() != self.tenants.len() {
             bail!("the number of [[tenants]] changed ({} -> {}): restart scx_zernel to apply", self.tenants.len(), tenants.len());
         }
@@ -253,7 +255,7 @@ impl Pipeline {
         if cfg.phase != self.cfg.phase {
             self.detector = PhaseDetector::new(cfg.phase.clone());
         }
-        self.tenants_changed |= cfg.tenants != self.cfg.tenants;
+        self.tenants_changed |= cfg.tenants != self.cfg.tenants || cfg.tenancy != self.cfg.tenancy;
         self.rules = rules;
         self.tenants = tenants;
         self.topo = topo;
@@ -653,6 +655,7 @@ fn serve(
             }
         }
 
+        sched.heartbeat();
         if std::mem::take(&mut pipeline.tenants_changed) {
             sched.set_tenant_weights(&pipeline.tenants)?;
         }
@@ -698,6 +701,7 @@ fn serve(
             if shutdown.load(Ordering::Relaxed) {
                 break;
             }
+            sched.heartbeat();
             let mut woken = None;
             crossbeam::select! {
                 recv(req_ch) -> r => match r {

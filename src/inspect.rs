@@ -9,7 +9,7 @@
 //! map_entries <n> / map_capacity <n> task_class fill level
 //! tunable <key> <value>              what the loaded program was given: the
 //!                                    [scheduler] keys after --mode (slice_us.<class>,
-//!                                    starvation_bound_ms, wakeup_preempt_us,
+//!                                    starvation_bound_ms, wakeup_preempt_us, decision_ttl_ms,
 //!                                    default_class), and nr_cpus, nr_nodes, numa,
 //!                                    nr_tenants
 //! tid=<t> class=<c> slice_us=<n> cpu=<n> node=<n> tenant=<n> preempt=<0|1> applied=<n>   (--tid, --entries)
@@ -79,6 +79,7 @@ pub fn run(cfg: &Config, tid: Option<u32>, entries: bool) -> Result<()> {
     }
     println!("tunable starvation_bound_ms {}", t.starvation_bound_ms);
     println!("tunable wakeup_preempt_us {}", t.wakeup_preempt_us);
+    println!("tunable decision_ttl_ms {}", t.decision_ttl_ms);
     println!("tunable default_class {}", class_name(t.default_class));
     println!("tunable nr_cpus {}", t.nr_cpus);
     println!("tunable nr_nodes {}", t.nr_nodes);

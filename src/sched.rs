@@ -95,9 +95,9 @@ pub struct Counters {
 /// Names of the per-class counters, in `enum zernel_class_stat` order.
 pub const CLASS_STAT_NAMES: [&str; 6] = ["enqueued", "dispatched", "direct", "preempted", "starved", "wake_preempt"];
 /// Names of the global counters, in `enum zernel_global_stat` order.
-pub const GLOBAL_STAT_NAMES: [&str; 11] = [
+pub const GLOBAL_STAT_NAMES: [&str; 12] = [
     "map_hit", "map_miss", "map_stale", "pref_cpu", "pref_node", "idle_near", "idle_far", "steal", "kick",
-    "exit_del", "tenant_dispatch",
+    "exit_del", "tenant_dispatch", "map_expired",
 ];
 
 impl Counters {
@@ -142,6 +142,7 @@ pub struct Tunables {
     pub slice_us: [u64; 4],
     pub starvation_bound_ms: u64,
     pub wakeup_preempt_us: u64,
+    pub decision_ttl_ms: u64,
     pub default_class: u32,
     pub nr_cpus: u32,
     pub nr_nodes: u32,
@@ -175,6 +176,7 @@ fn decode_tunables(b: &[u8]) -> Result<Tunables> {
         slice_us,
         starvation_bound_ms: u64_at(offset_of!(rodata, starve_ns))? / 1_000_000,
         wakeup_preempt_us: u64_at(offset_of!(rodata, wake_preempt_ns))? / 1000,
+        decision_ttl_ms: u64_at(offset_of!(rodata, decision_ttl_ns))? / 1_000_000,
         default_class: u32_at(offset_of!(rodata, default_class))?,
         nr_cpus: u32_at(offset_of!(rodata, nr_cpus))?,
         nr_nodes: u32_at(offset_of!(rodata, nr_nodes))?,
@@ -269,6 +271,7 @@ impl<'a> Scheduler<'a> {
         }
         rodata.starve_ns = cfg.starvation_bound_ms * 1_000_000;
         rodata.wake_preempt_ns = cfg.wakeup_preempt_us * 1000;
+        rodata.decision_ttl_ns = cfg.decision_ttl_ms * 1_000_000;
         rodata.default_class = cfg.default_class.index();
         rodata.nr_cpus = nr_cpus as u32;
         rodata.nr_nodes = nr_nodes as u32;
@@ -294,6 +297,7 @@ impl<'a> Scheduler<'a> {
         let skel = scx_ops_load!(skel, zernel_ops, uei)?;
         let mut sched = Scheduler { skel, link: None, pin_dir: None, nr_tenants: tenants.len() };
         sched.set_tenant_weights(tenants)?;
+        sched.heartbeat();
         if !cfg.pin_dir.is_empty() {
             sched.pin(Path::new(&cfg.pin_dir))?;
         }
@@ -331,7 +335,8 @@ impl<'a> Scheduler<'a> {
         })
     }
 
-    /// Writes the tenants' weights (same tenant count as at load).
+    /// Writes the shares' weights: the tenants' (same count as at load), then
+    /// the default share's at index `nr_tenants`.
     pub fn set_tenant_weights(&self, tenants: &Tenants) -> Result<()> {
         if tenants.len() != self.nr_tenants {
             bail!("the number of tenants changed ({} -> {}): restart scx_zernel to apply", self.nr_tenants, tenants.len());
@@ -339,7 +344,22 @@ impl<'a> Scheduler<'a> {
         for (i, w) in tenants.weights().iter().enumerate() {
             self.skel.maps.tenant_weight.update(&(i as u32).to_ne_bytes(), &w.to_ne_bytes(), MapFlags::ANY)?;
         }
+        let (i, w) = (self.nr_tenants as u32, tenants.default_weight());
+        self.skel.maps.tenant_weight.update(&i.to_ne_bytes(), &w.to_ne_bytes(), MapFlags::ANY)?;
         Ok(())
+    }
+
+    /// Tells the kernel the daemon is alive: its decisions hold for
+    /// `decision_ttl_ms` from now.
+    pub fn heartbeat(&mut self) {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes one timespec. CLOCK_MONOTONIC is
+        // bpf_ktime_get_ns()'s clock.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        if let Some(bss) = self.skel.maps.bss_data.as_mut() {
+            bss.heartbeat_ns = now;
+        }
     }
 
     /// Forgets a thread's decision (absent is fine: exit_task may have been first).
@@ -452,6 +472,7 @@ mod tests {
         }
         put(offset_of!(rodata, starve_ns), &80_000_000u64.to_ne_bytes());
         put(offset_of!(rodata, wake_preempt_ns), &400_000u64.to_ne_bytes());
+        put(offset_of!(rodata, decision_ttl_ns), &2_500_000_000u64.to_ne_bytes());
         put(offset_of!(rodata, default_class), &3u32.to_ne_bytes());
         put(offset_of!(rodata, nr_cpus), &8u32.to_ne_bytes());
         put(offset_of!(rodata, nr_nodes), &2u32.to_ne_bytes());
@@ -469,6 +490,7 @@ mod tests {
                 slice_us: [700, 1500, 2500, 20000],
                 starvation_bound_ms: 80,
                 wakeup_preempt_us: 400,
+                decision_ttl_ms: 2500,
                 default_class: 3,
                 nr_cpus: 8,
                 nr_nodes: 2,

@@ -95,7 +95,7 @@ pub struct Metrics {
     pub steals: u64,
     #[stat(desc = "Enqueues that found no decision (default class)")]
     pub map_misses: u64,
-    #[stat(desc = "Decisions dropped because their TID was recycled")]
+    #[stat(desc = "Lookups that found another task's entry (TID recycled): ignored")]
     pub map_stale: u64,
     #[stat(desc = "Decisions the daemon holds in the task_class map")]
     pub map_entries: u64,

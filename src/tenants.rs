@@ -22,11 +22,12 @@
 //! than `tenancy.rebalance_threshold` (relative) and the last change is
 //! older than `tenancy.rebalance_cooldown_ms`: no flapping.
 //!
-//! Latency-critical threads of a tenant (kernel launchers, NCCL) keep
-//! their class and are not charged to a tenant queue: they run first.
-//! Tenant queues are served after the ml and normal queues of tasks that
-//! belong to no tenant (system services: light, and they must stay
-//! responsive) and before the batch queue.
+//! The work of no tenant is one more share, the default share, weighted
+//! `tenancy.default_weight` (like the root cgroup beside its children): an
+//! untenanted CPU hog gets its weight's worth, not the tenants' CPU.
+//! Latency-critical threads (kernel launchers, NCCL) belong to no share:
+//! they run first. Inside a share, classes order its threads (ml > normal >
+//! batch): each tenant has a queue per class.
 
 use std::time::Instant;
 
@@ -79,6 +80,8 @@ pub struct Tenants {
     fixed: Vec<Option<u32>>,
     /// Weights in force (what the kernel has).
     weights: Vec<u64>,
+    /// Weight of the default share (work of no tenant).
+    default_weight: u64,
     /// Smoothed GPU count of measured tenants.
     demand: Vec<f64>,
     last_change: Option<Instant>,
@@ -97,11 +100,14 @@ pub struct TenancyConfig {
     pub rebalance_threshold: f64,
     /// ...and the last re-weighting is at least this old (ms).
     pub rebalance_cooldown_ms: u64,
+    /// Weight of the work of no tenant (one share beside the tenants', in
+    /// the same units as a tenant's `weight`).
+    pub default_weight: u32,
 }
 
 impl Default for TenancyConfig {
     fn default() -> Self {
-        Self { demand_smoothing: 0.3, rebalance_threshold: 0.2, rebalance_cooldown_ms: 5000 }
+        Self { demand_smoothing: 0.3, rebalance_threshold: 0.2, rebalance_cooldown_ms: 5000, default_weight: 1 }
     }
 }
 
@@ -115,6 +121,9 @@ impl TenancyConfig {
         }
         if self.rebalance_cooldown_ms > 3_600_000 {
             return Err(format!("tenancy.rebalance_cooldown_ms = {} exceeds one hour", self.rebalance_cooldown_ms));
+        }
+        if !(1..=10_000).contains(&self.default_weight) {
+            return Err(format!("tenancy.default_weight = {} must be within 1..=10000", self.default_weight));
         }
         Ok(())
     }
@@ -165,6 +174,17 @@ impl Tenants {
     /// BPF weights, by tenant index.
     pub fn weights(&self) -> &[u64] {
         &self.weights
+    }
+
+    /// Sets the default share's weight (`tenancy.default_weight`).
+    pub fn with_default_weight(mut self, weight: u32) -> Self {
+        self.default_weight = u64::from(weight) * UNIT;
+        self
+    }
+
+    /// BPF weight of the default share (index `len()` in the kernel).
+    pub fn default_weight(&self) -> u64 {
+        if self.default_weight == 0 { UNIT } else { self.default_weight }
     }
 
     /// Feeds one sample of the GPUs each tenant's processes use (by tenant
@@ -248,7 +268,7 @@ mod tests {
         let auto = TenantConfig { name: "auto".into(), cgroup: "/auto".into(), gpus: None, weight: None };
         let mut ts = Tenants::compile(&[t("fixed", "/f", 2, None), auto]).unwrap();
         assert!(ts.measured());
-        let cfg = TenancyConfig { demand_smoothing: 0.5, rebalance_threshold: 0.2, rebalance_cooldown_ms: 1000 };
+        let cfg = TenancyConfig { demand_smoothing: 0.5, rebalance_threshold: 0.2, rebalance_cooldown_ms: 1000, default_weight: 1 };
         let t0 = Instant::now();
         let ms = |n| t0 + std::time::Duration::from_millis(n);
         // One GPU, as assumed at start: nothing moves.
@@ -276,5 +296,14 @@ mod tests {
         assert!(e.starts_with("tenants[1].name"), "{e}");
         let many: Vec<_> = (0..17).map(|i| t(&format!("t{i}"), &format!("/t{i}"), 1, None)).collect();
         assert!(Tenants::compile(&many).unwrap_err().contains("at most 16"));
+        let bad = TenancyConfig { default_weight: 0, ..TenancyConfig::default() };
+        assert!(bad.validate().unwrap_err().starts_with("tenancy.default_weight = 0"));
+    }
+
+    #[test]
+    fn default_share_weight() {
+        let ts = Tenants::compile(&[t("a", "/a", 3, None)]).unwrap();
+        assert_eq!(ts.default_weight(), 1024);
+        assert_eq!(ts.with_default_weight(2).default_weight(), 2048);
     }
 }

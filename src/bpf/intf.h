@@ -18,7 +18,7 @@ enum zernel_consts {
 	ZERNEL_MAX_CPUS		= 1024,
 	ZERNEL_MAX_NODES	= 16,
 	ZERNEL_MAX_TENANTS	= 16,
-	/* Tenant queues: dsq id = ZERNEL_TENANT_DSQ + tenant. */
+	/* Tenant queues: dsq id = ZERNEL_TENANT_DSQ + tenant * ZCLASS_NR + class. */
 	ZERNEL_TENANT_DSQ	= 0x10000,
 	/* Tenant weights are relative to this one. */
 	ZERNEL_WEIGHT_UNIT	= 1024,
@@ -50,7 +50,8 @@ enum zernel_task_flags {
  * select_cpu. Keyed by TID. start_ticks ties the entry to one task's
  * lifetime: it must equal the task's start time in USER_HZ ticks (field 22
  * of /proc/<tid>/stat); an entry whose start time does not match belongs to
- * a recycled TID and is ignored and deleted.
+ * a recycled TID and is ignored (counted as map_stale), never deleted by
+ * BPF: only the daemon and exit_task remove entries.
  */
 struct task_class {
 	u32	class;		/* enum zernel_class */
@@ -79,7 +80,7 @@ enum zernel_class_stat {
 enum zernel_global_stat {
 	ZGSTAT_MAP_HIT = 0,	/* lookups (one per wakeup or enqueue) that found an entry */
 	ZGSTAT_MAP_MISS,	/* lookups with no entry (default class) */
-	ZGSTAT_MAP_STALE,	/* entries dropped: TID recycled */
+	ZGSTAT_MAP_STALE,	/* lookups that found another task's entry (TID recycled): ignored */
 	ZGSTAT_PREF_CPU,	/* select_cpu used the preferred CPU */
 	ZGSTAT_PREF_NODE,	/* select_cpu found an idle CPU on the preferred node */
 	ZGSTAT_IDLE_NEAR,	/* ... on prev_cpu's node (prev, its LLC, node) */
@@ -88,6 +89,8 @@ enum zernel_global_stat {
 	ZGSTAT_KICK,		/* idle CPUs kicked on enqueue */
 	ZGSTAT_EXIT_DEL,	/* entries deleted by exit_task */
 	ZGSTAT_TENANT_DISP,	/* dispatches from tenant queues */
+	ZGSTAT_MAP_EXPIRED,	/* lookups that found an entry while the daemon's
+				 * heartbeat was older than decision_ttl: default class */
 	ZGSTAT_NR,
 };
 

@@ -19,30 +19,39 @@
  *                      kick an idle CPU, its node first
  *   slice end ─> zernel_enqueue again (SCX_OPS_ENQ_LAST): a task that runs
  *              alone on the wrong node moves to its node's idle CPU
+ *   RT task takes a CPU ─> zernel_cpu_release: its local queue goes back
+ *              through zernel_enqueue, to run on another CPU
  *   CPU free ─> zernel_dispatch:
- *              1. any queue whose head waited > starve_ns (oldest first;
+ *              1. any queue whose head waited > its bound (oldest first;
  *                 checked every starve_ns / 8, every dispatch while one
  *                 is found)
- *              2. own node's queues latency > ml > normal (the tasks of
- *                 no tenant: system services, latency-critical threads)
- *              3. tenants: the tenant with queued work and the least
- *                 weighted CPU time (vtime += runtime * UNIT / weight)
- *              4. own node's batch queue
- *              5. other nodes' queues, same order, from nodes with no idle
+ *              2. own node's latency queue (above all shares)
+ *              3. shares: the share with queued work and the least
+ *                 weighted CPU time (vtime += runtime * UNIT / weight);
+ *                 inside it, ml > normal > batch
+ *              4. other nodes' queues, same order, from nodes with no idle
  *                 CPU (steal: work-conserving, but a node's own idle CPUs
  *                 get its work first)
  *
- * Tenants: a thread the daemon puts in a tenant (its cgroup) and that is not
- * latency-critical is queued in its tenant's queue, served after the class
- * queues of tasks outside tenants (light system work) and before batch. Tenants share the CPU in
- * proportion to their weights; a tenant with nothing queued is skipped, so
- * others use its share (borrowing), and one that comes back starts at the
- * current virtual time, so it gets its share back at once, with no credit
- * for the time it was idle.
+ * Shares: each tenant (a cgroup the daemon puts its threads in) is one
+ * share, and the work of no tenant is one more (the default share, weight
+ * [tenancy] default_weight), like the root cgroup beside its children.
+ * Latency-critical threads belong to no share: they run first. A tenant has
+ * one queue per class (dsq TENANT + tenant * NR + class), so its classes
+ * still order its threads; the default share's queues are the node queues.
+ * Shares get the CPU in proportion to their weights; a share with nothing
+ * queued is skipped, so the others use its share (borrowing), and one that
+ * comes back starts at the current virtual time, so it gets its share back
+ * at once, with no credit for the time it was idle. With no tenants the
+ * default share is the only one and the class order alone decides.
+ *
+ * Decisions hold while the daemon lives: it writes a heartbeat every pass,
+ * and once that is older than decision_ttl_ns every lookup gives the
+ * default class (map_expired counts them) until the daemon beats again.
  *
  * A decision is tied to one task's lifetime by its start time: an entry
  * whose start time differs from the task's belongs to a recycled TID and is
- * dropped. zernel_exit_task deletes the entry of every exiting task, so the
+ * ignored (and counted as map_stale), not deleted. zernel_exit_task deletes the entry of every exiting task, so the
  * map holds at most one entry per live thread the daemon classified.
  */
 #include <scx/common.bpf.h>
@@ -58,11 +67,12 @@ const volatile u64 class_slice_ns[ZCLASS_NR] = {
 };
 const volatile u64 starve_ns = 50000000;
 const volatile u64 wake_preempt_ns = 1000000;
+const volatile u64 decision_ttl_ns = 5000000000ULL;
 const volatile u32 default_class = ZCLASS_NORMAL;
 const volatile u32 nr_cpus = 1;
 const volatile u32 nr_nodes = 1;
 const volatile bool numa_enabled;
-const volatile u32 nr_tenants;
+const volatile u32 nr_tenants;	/* shares 0..nr_tenants-1; nr_tenants = default */
 const volatile s32 cpu_node[ZERNEL_MAX_CPUS];
 
 #define NSEC_PER_TICK	(1000000000ULL / ZERNEL_USER_HZ)
@@ -83,19 +93,28 @@ struct {
 	__type(value, struct zernel_stats);
 } stats SEC(".maps");
 
-/* Tenant weights, written by the daemon (0 = tenant unused). */
+/*
+ * Share weights, written by the daemon: tenants by index, the default share
+ * at index nr_tenants (0 = unset: one unit).
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, ZERNEL_MAX_TENANTS);
+	__uint(max_entries, ZERNEL_MAX_TENANTS + 1);
 	__type(key, u32);
 	__type(value, u64);
 } tenant_weight SEC(".maps");
 
+/*
+ * The daemon's heartbeat: bpf_ktime_get_ns() time (CLOCK_MONOTONIC) of its
+ * last sign of life, written by the daemon at least every pass.
+ */
+u64 heartbeat_ns;
+
 /* When zernel_dispatch next peeks the queue heads for starved tasks. */
 u64 next_starve_scan;
 
-/* Per-tenant virtual time (weighted CPU time), and the newest one served. */
-u64 tenant_vtime[ZERNEL_MAX_TENANTS];
+/* Per-share virtual time (weighted CPU time), and the newest one served. */
+u64 share_vtime[ZERNEL_MAX_TENANTS + 1];
 u64 vtime_now;
 
 /*
@@ -188,9 +207,23 @@ static __always_inline s32 node_of(s32 cpu)
 }
 
 /*
- * The decision for @p, or NULL when there is none (or it belongs to an
- * earlier task with the same TID, in which case it is deleted).
+ * The decision for @p, or NULL when there is none, or when it belongs to an
+ * earlier task with the same TID: that one is ignored and counted, never
+ * deleted here. Only its writer (the daemon) and exit_task remove entries:
+ * a delete here could remove the fresh entry the daemon has just written
+ * for the new task in place of the stale one, and the daemon would never
+ * know that the thread lost its decision.
  */
+/*
+ * Is the daemon's heartbeat older than decision_ttl_ns? A hung (or stopped)
+ * daemon no longer keeps its decisions up to date: every thread falls back
+ * to the default class until it beats again.
+ */
+static __always_inline bool decisions_expired(void)
+{
+	return (s64)(bpf_ktime_get_ns() - heartbeat_ns) > (s64)decision_ttl_ns;
+}
+
 static struct task_class *lookup_decision(struct task_struct *p)
 {
 	struct task_class *tc;
@@ -202,8 +235,11 @@ static struct task_class *lookup_decision(struct task_struct *p)
 		return NULL;
 	}
 	if (tc->start_ticks != p->start_boottime / NSEC_PER_TICK) {
-		bpf_map_delete_elem(&task_class, &tid);
 		stat_glob(ZGSTAT_MAP_STALE);
+		return NULL;
+	}
+	if (decisions_expired()) {
+		stat_glob(ZGSTAT_MAP_EXPIRED);
 		return NULL;
 	}
 	__sync_fetch_and_add(&tc->applied, 1);
@@ -245,11 +281,56 @@ static __always_inline s32 tenant_of(const struct task_class *tc, u32 class)
 	return tc->tenant;
 }
 
-static __always_inline u64 weight_of(u32 tenant)
+static __always_inline u64 weight_of(u32 share)
 {
-	u64 *w = bpf_map_lookup_elem(&tenant_weight, &tenant);
+	u64 *w = bpf_map_lookup_elem(&tenant_weight, &share);
 
 	return w && *w ? *w : ZERNEL_WEIGHT_UNIT;
+}
+
+/* The share of a task of @class in @tenant; -1 for latency (no share). */
+static __always_inline s32 share_of(u32 class, s32 tenant)
+{
+	if (class == ZCLASS_LATENCY)
+		return -1;
+	return tenant >= 0 ? tenant : nr_tenants;
+}
+
+static __always_inline u64 *share_vt(s32 share)
+{
+	if (share < 0 || share > ZERNEL_MAX_TENANTS)
+		return NULL;
+	return &share_vtime[share];
+}
+
+/* The queue of @class in @share (the default share: @node's queues). */
+static __always_inline u64 share_dsq(u32 share, u32 node, u32 class)
+{
+	if (share < nr_tenants)
+		return ZERNEL_TENANT_DSQ + share * ZCLASS_NR + class;
+	return dsq_id(node, class);
+}
+
+/* Tasks queued in @share's ml, normal and batch queues (on @node). */
+static u64 share_queued(u32 share, u32 node)
+{
+	u64 n = 0;
+	u32 c;
+
+	bpf_for(c, ZCLASS_ML, ZCLASS_NR)
+		n += scx_bpf_dsq_nr_queued(share_dsq(share, node, c));
+	return n;
+}
+
+/*
+ * How long the head of a share's queue may wait. Between shares the weights
+ * decide; the bound only catches a share whose weight is so small that its
+ * tasks would wait for ever: ten times the class bound. With no tenants
+ * there is one share and the class bound holds.
+ */
+static __always_inline u64 share_bound(void)
+{
+	return nr_tenants ? starve_ns * 10 : starve_ns;
 }
 
 /* Claims an idle CPU on @node that @p may use; -1 if none. */
@@ -285,6 +366,27 @@ static s32 find_idle(struct task_struct *p, u32 node)
 	return -1;
 }
 
+/*
+ * May @p run on some CPU of @node (one this machine has)? A thread whose
+ * GPU is on another node than the CPUs it is pinned to (taskset, numactl,
+ * an OpenMP pool) must queue where it can run: in its preferred node's
+ * queue it would be served only by the starvation bound.
+ */
+static bool may_run_on_node(struct task_struct *p, s32 node)
+{
+	u32 cpu;
+
+	if (node < 0 || node >= nr_nodes)
+		return false;
+	if (p->nr_cpus_allowed >= nr_cpus)
+		return true;
+	bpf_for(cpu, 0, nr_cpus) {
+		if (node_of(cpu) == node && bpf_cpumask_test_cpu(cpu, p->cpus_ptr))
+			return true;
+	}
+	return false;
+}
+
 /* Has @node no idle CPU? Only then may other nodes steal its work early. */
 static bool node_saturated(u32 node)
 {
@@ -313,8 +415,8 @@ s32 BPF_STRUCT_OPS(zernel_select_cpu, struct task_struct *p, s32 prev_cpu,
 		goto direct;
 	}
 
-	/* 2. An idle CPU on the preferred node. */
-	if (tc && tc->node >= 0 && numa_enabled) {
+	/* 2. An idle CPU on the preferred node (one this machine has). */
+	if (tc && tc->node >= 0 && tc->node < nr_nodes && numa_enabled) {
 		cpu = claim_idle_on(p, tc->node);
 		if (cpu >= 0) {
 			stat_glob(ZGSTAT_PREF_NODE);
@@ -358,6 +460,9 @@ static s32 find_victim(struct task_struct *p, u32 class)
 
 		if (!bpf_cpumask_test_cpu(cpu, p->cpus_ptr))
 			continue;
+		/* A task that may not migrate stays on its own CPU. */
+		if (cpu != start && is_migration_disabled(p))
+			break;
 		cctx = bpf_map_lookup_percpu_elem(&cpu_ctxs, &zero, cpu);
 		if (cctx && cctx->class > class)
 			return cpu;
@@ -389,9 +494,8 @@ static s32 find_victim(struct task_struct *p, u32 class)
  * short burst per wakeup; two short-burst tasks take turns no faster than
  * every wake_preempt_ns / 4; nobody preempts while the wakee's queue holds
  * as many tasks as there are CPUs (zernel_enqueue); batch tasks never
- * preempt; a task in a tenant preempts only tasks of its own tenant (between
- * tenants the weights decide), a task outside tenants any of its class or
- * lower. A preempted task goes back to its queue, where the starvation bound
+ * preempt; with tenants, a task preempts only tasks of its own share (between
+ * shares the weights decide). A preempted task goes back to its queue, where the starvation bound
  * covers it. Returns the CPU, -1 if it does not qualify.
  */
 static s32 wake_victim(struct task_struct *p, u32 class, s32 tenant, u64 now)
@@ -404,7 +508,7 @@ static s32 wake_victim(struct task_struct *p, u32 class, s32 tenant, u64 now)
 		return -1;
 	cctx = bpf_map_lookup_percpu_elem(&cpu_ctxs, &zero, cpu);
 	if (!cctx || !cctx->started_at || cctx->class < class ||
-	    (tenant >= 0 && cctx->tenant != tenant))
+	    (nr_tenants && class != ZCLASS_LATENCY && cctx->tenant != tenant))
 		return -1;
 	if (!cctx->long_burst &&
 	    (s64)(now - cctx->started_at) < (s64)(wake_preempt_ns / 4))
@@ -418,7 +522,7 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	struct task_ctx *tctx = bpf_task_storage_get(&task_ctxs, p, 0, 0);
 	u64 now = bpf_ktime_get_ns(), slice, dsq;
 	struct task_class *tc;
-	s32 node, cpu, idle, tenant;
+	s32 node, cpu, idle, tenant, share;
 	u32 class;
 
 	/* A wakeup's decision, looked up by select_cpu; else look it up. */
@@ -452,24 +556,22 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 		}
 	}
 
-	node = tc && tc->node >= 0 && tc->node < nr_nodes ?
+	node = tc && may_run_on_node(p, tc->node) ?
 		tc->node : node_of(scx_bpf_task_cpu(p));
 
-	if (tenant >= 0) {
-		u64 *vt = &tenant_vtime[tenant & (ZERNEL_MAX_TENANTS - 1)];
-
-		dsq = ZERNEL_TENANT_DSQ + tenant;
+	share = share_of(class, tenant);
+	dsq = share < 0 ? dsq_id(node, class) : share_dsq(share, node, class);
+	if (nr_tenants && share >= 0) {
+		u64 *vt = share_vt(share);
 
 		/*
 		 * Back from idle: no credit for the idle time beyond a lag of
-		 * one starvation bound (a queue that was empty only because
-		 * all its tasks were running keeps its place).
+		 * one starvation bound (a share whose queues were empty only
+		 * because all its tasks were running keeps its place).
 		 */
-		if (!scx_bpf_dsq_nr_queued(dsq) &&
+		if (vt && !share_queued(share, node) &&
 		    (s64)(*vt + starve_ns - vtime_now) < 0)
 			*vt = vtime_now - starve_ns;
-	} else {
-		dsq = dsq_id(node, class);
 	}
 
 	/*
@@ -514,13 +616,67 @@ static __always_inline bool take(u64 dsq, u32 class, u32 stat)
 	return true;
 }
 
+/*
+ * The share with queued work (its queues on @node for the default share)
+ * and the least virtual time; -1 if none.
+ */
+static s32 pick_share(u32 node)
+{
+	s32 best = -1;
+	u64 best_vt = 0;
+	u32 sh;
+
+	bpf_for(sh, 0, nr_tenants + 1) {
+		u64 *vt = share_vt(sh);
+
+		if (!vt || !share_queued(sh, node))
+			continue;
+		if (best < 0 || (s64)(*vt - best_vt) < 0) {
+			best = sh;
+			best_vt = *vt;
+		}
+	}
+	if (best >= 0 && (s64)(best_vt - vtime_now) > 0)
+		vtime_now = best_vt;
+	return best;
+}
+
+/* Moves the head of @share's highest class queue to this CPU. */
+static bool take_share(u32 share, u32 node)
+{
+	u32 c;
+
+	bpf_for(c, ZCLASS_ML, ZCLASS_NR) {
+		if (take(share_dsq(share, node, c), c, ZSTAT_CLASS_NR)) {
+			if (share < nr_tenants)
+				stat_glob(ZGSTAT_TENANT_DISP);
+			return true;
+		}
+	}
+	return false;
+}
+
+/* Is @dsq's head older than @bound and than *@oldest? Then it is the pick. */
+static __always_inline bool older(u64 dsq, u64 bound, u64 now, u64 *oldest)
+{
+	struct task_struct *head = __COMPAT_scx_bpf_dsq_peek(dsq);
+	u64 waited;
+
+	if (!head)
+		return false;
+	waited = now - head->scx.dsq_vtime;
+	if ((s64)waited <= (s64)bound || waited <= *oldest)
+		return false;
+	*oldest = waited;
+	return true;
+}
+
 void BPF_STRUCT_OPS(zernel_dispatch, s32 cpu, struct task_struct *prev)
 {
 	u64 now = bpf_ktime_get_ns(), oldest = 0, starved = 0;
 	u32 mynode = node_of(cpu), n, c, t, starved_class = 0;
 	bool found = false;
-	s32 best = -1;
-	u64 best_vt = 0;
+	s32 sh;
 
 	/*
 	 * 1. The starvation bound: serve the queue whose head waited longest.
@@ -531,36 +687,21 @@ void BPF_STRUCT_OPS(zernel_dispatch, s32 cpu, struct task_struct *prev)
 	if ((s64)(now - next_starve_scan) < 0)
 		goto classes;
 	bpf_for(t, 0, nr_tenants) {
-		struct task_struct *head;
-		u64 waited;
+		bpf_for(c, ZCLASS_ML, ZCLASS_NR) {
+			u64 dsq = share_dsq(t, 0, c);
 
-		head = __COMPAT_scx_bpf_dsq_peek(ZERNEL_TENANT_DSQ + t);
-		if (!head)
-			continue;
-		/*
-		 * Between tenants the weights decide; the bound only catches a
-		 * tenant whose weight is so small that its tasks would wait
-		 * for ever: ten times the class bound.
-		 */
-		waited = now - head->scx.dsq_vtime;
-		if ((s64)waited > (s64)(starve_ns * 10) && waited > oldest) {
-			oldest = waited;
-			starved = ZERNEL_TENANT_DSQ + t;
-			starved_class = ZCLASS_NORMAL;
-			found = true;
+			if (older(dsq, share_bound(), now, &oldest)) {
+				starved = dsq;
+				starved_class = c;
+				found = true;
+			}
 		}
 	}
 	bpf_for(n, 0, nr_nodes) {
 		bpf_for(c, 0, ZCLASS_NR) {
-			struct task_struct *head;
-			u64 waited;
+			u64 bound = c == ZCLASS_LATENCY ? starve_ns : share_bound();
 
-			head = __COMPAT_scx_bpf_dsq_peek(dsq_id(n, c));
-			if (!head)
-				continue;
-			waited = now - head->scx.dsq_vtime;
-			if ((s64)waited > (s64)starve_ns && waited > oldest) {
-				oldest = waited;
+			if (older(dsq_id(n, c), bound, now, &oldest)) {
 				starved = dsq_id(n, c);
 				starved_class = c;
 				found = true;
@@ -573,36 +714,17 @@ void BPF_STRUCT_OPS(zernel_dispatch, s32 cpu, struct task_struct *prev)
 		return;
 
 classes:
-	/* 2. This node's latency, ml and normal queues. */
-	bpf_for(c, 0, ZCLASS_BATCH) {
-		if (take(dsq_id(mynode, c), c, ZSTAT_CLASS_NR))
-			return;
-	}
-
-	/* 3. Tenants: the one with queued work and the lowest vtime. */
-	bpf_for(t, 0, nr_tenants) {
-		u64 vt = tenant_vtime[t & (ZERNEL_MAX_TENANTS - 1)];
-
-		if (!scx_bpf_dsq_nr_queued(ZERNEL_TENANT_DSQ + t))
-			continue;
-		if (best < 0 || (s64)(vt - best_vt) < 0) {
-			best = t;
-			best_vt = vt;
-		}
-	}
-	if (best >= 0 && scx_bpf_dsq_move_to_local(ZERNEL_TENANT_DSQ + best, 0)) {
-		if ((s64)(best_vt - vtime_now) > 0)
-			vtime_now = best_vt;
-		stat_glob(ZGSTAT_TENANT_DISP);
+	/* 2. This node's latency queue: above all shares. */
+	if (take(dsq_id(mynode, ZCLASS_LATENCY), ZCLASS_LATENCY, ZSTAT_CLASS_NR))
 		return;
-	}
 
-	/* 4. This node's batch queue. */
-	if (take(dsq_id(mynode, ZCLASS_BATCH), ZCLASS_BATCH, ZSTAT_CLASS_NR))
+	/* 3. Shares: the one with queued work and the lowest vtime. */
+	sh = pick_share(mynode);
+	if (sh >= 0 && take_share(sh, mynode))
 		return;
 
 	/*
-	 * 5. Steal from other nodes rather than idle, but only from a node
+	 * 4. Steal from other nodes rather than idle, but only from a node
 	 * that has no idle CPU of its own (one of those has been kicked to take
 	 * the work); the starvation bound above covers the rest.
 	 */
@@ -648,7 +770,8 @@ void BPF_STRUCT_OPS(zernel_stopping, struct task_struct *p, bool runnable)
 	struct zernel_stats *s;
 	struct cpu_ctx *cctx;
 	u32 t, zero = 0;
-	u64 used;
+	u64 used, *vt;
+	s32 sh;
 
 	cctx = bpf_map_lookup_elem(&cpu_ctxs, &zero);
 	if (cctx)
@@ -662,14 +785,28 @@ void BPF_STRUCT_OPS(zernel_stopping, struct task_struct *p, bool runnable)
 		tctx->avg_burst_ns = (tctx->avg_burst_ns * 3 + tctx->burst_ns) / 4;
 		tctx->burst_ns = 0;
 	}
+	sh = share_of(tctx->class, tctx->tenant);
+	vt = share_vt(sh);
+	if (!nr_tenants || !vt)
+		return;
+	__sync_fetch_and_add(vt, used * ZERNEL_WEIGHT_UNIT / weight_of(sh));
 	if (tctx->tenant < 0)
 		return;
 	t = tctx->tenant & (ZERNEL_MAX_TENANTS - 1);
-	__sync_fetch_and_add(&tenant_vtime[t],
-			     used * ZERNEL_WEIGHT_UNIT / weight_of(t));
 	s = stats_get();
 	if (s)
 		s->tenant_ns[t] += used;
+}
+
+/*
+ * A higher sched class (an RT or deadline task) took @cpu: the tasks in its
+ * local queue would wait behind it. Send them back through zernel_enqueue
+ * (SCX_ENQ_REENQ), which queues them where another CPU can take them.
+ */
+void BPF_STRUCT_OPS(zernel_cpu_release, s32 cpu,
+		    struct scx_cpu_release_args *args)
+{
+	scx_bpf_reenqueue_local();
 }
 
 s32 BPF_STRUCT_OPS(zernel_init_task, struct task_struct *p,
@@ -712,10 +849,13 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(zernel_init)
 		}
 	}
 	bpf_for(n, 0, nr_tenants) {
-		ret = scx_bpf_create_dsq(ZERNEL_TENANT_DSQ + n, -1);
-		if (ret) {
-			scx_bpf_error("failed to create tenant dsq %u: %d", n, ret);
-			return ret;
+		bpf_for(c, ZCLASS_ML, ZCLASS_NR) {
+			ret = scx_bpf_create_dsq(share_dsq(n, 0, c), -1);
+			if (ret) {
+				scx_bpf_error("failed to create tenant dsq %u/%u: %d",
+					      n, c, ret);
+				return ret;
+			}
 		}
 	}
 	return 0;
@@ -732,6 +872,7 @@ SCX_OPS_DEFINE(zernel_ops,
 	       .dispatch	= (void *)zernel_dispatch,
 	       .running		= (void *)zernel_running,
 	       .stopping	= (void *)zernel_stopping,
+	       .cpu_release	= (void *)zernel_cpu_release,
 	       .init_task	= (void *)zernel_init_task,
 	       .exit_task	= (void *)zernel_exit_task,
 	       .init		= (void *)zernel_init,

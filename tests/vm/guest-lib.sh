@@ -200,13 +200,14 @@ zholds() {
 }
 
 # zsample SECS FILE [PID] : the kernel's entries (zentries), read every 0.2 s
-# for SECS s (or until PID exits), appended to FILE, one line per entry per
-# round.
+# for SECS s (or until PID exits, or FILE.done exists), appended to FILE, one
+# line per entry per round.
 zsample() {
   local end
   end=$(( $(cut -d. -f1 /proc/uptime) + $1 ))
   while [ "$(cut -d. -f1 /proc/uptime)" -lt "$end" ]; do
     if [ -n "${3:-}" ] && ! alive "$3"; then break; fi
+    [ -e "$2.done" ] && break
     zentries >>"$2"
     sleep 0.2
   done
@@ -221,6 +222,7 @@ zernel_sampled() {
   shift 3
   zernel_start "$cfg" || return 1
   : >"$out"
+  rm -f "$out.done"
   zsample "$secs" "$out" &
   zs=$!
   if [ $# -gt 0 ]; then "$@"; fi

@@ -1,6 +1,7 @@
 //! `zernel-workload`: processes that behave like an ML training job (or
 //! like the background noise around one), for scx_zernel's tests and
-//! benchmarks. std + libc only.
+//! benchmarks. std + libc only, but for `entry` (libbpf-rs and the shared
+//! struct of intf.h).
 //!
 //! ```text
 //! zernel-workload train --gpu-file PATH --secs S [--workers N] [--data-dir DIR]
@@ -8,12 +9,13 @@
 //!                 [--decode-ms 500] [--kernel-ms 20] [--gpu-util 100]
 //!                 [--gpu-idle-util 0] [--no-env]
 //! zernel-workload hog --name NAME --secs S [--threads N] [--busy-pct P]
-//!                 [--rename NEW --rename-when PATH]
+//!                 [--rename NEW --rename-when PATH] [--fifo PRIO]
 //! zernel-workload threads --count N --secs S [--wake-ms 1000] [--ml]
 //! zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]
 //! zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS]
 //!                 [--busy-pct P]
 //! zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]
+//! zernel-workload entry --map PATH --tid T --class N [--start-offset TICKS] [--node N]
 //! ```
 //!
 //! # train
@@ -46,7 +48,8 @@
 //! N threads (the main one included) named NAME spinning on the CPU; with
 //! --busy-pct P < 100, each spins P % of every 5 ms and sleeps the rest.
 //! With --rename NEW, once PATH exists every thread but the main one (the
-//! main one when it is alone) renames itself NEW.
+//! main one when it is alone) renames itself NEW. With --fifo PRIO the
+//! process runs as SCHED_FIFO at PRIO (an RT task: above any sched_ext one).
 //!
 //! # threads
 //! A process with N mostly idle threads (`idle_<i>`), each waking every
@@ -64,6 +67,11 @@
 //! `zernel-workload reader opened PATH fd N` when it does. With --thread,
 //! a second thread named NAME2 does the reading, from --start-ms on (it
 //! sleeps until then); the main thread only waits.
+//!
+//! # entry
+//! Not a workload: writes one entry into the pinned task_class map, with the
+//! thread's start time plus TICKS (a stale entry unless TICKS is 0). See
+//! entry.rs.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -74,6 +82,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+mod entry;
+
 const BATCH: usize = 4096;
 const RANK_ENV: [(&str, &str); 3] = [("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")];
 
@@ -82,11 +92,12 @@ fn usage() -> ! {
         "usage:\n  zernel-workload train --gpu-file PATH --secs S [--workers N] [--data-dir DIR] \
 [--compute-ms MS] [--allreduce-ms MS] [--optim-ms MS] [--decode-ms MS] [--kernel-ms MS] \
 [--gpu-util PCT] [--gpu-idle-util PCT] [--no-env]\n  \
-zernel-workload hog --name NAME --secs S [--threads N] [--busy-pct P] [--rename NEW --rename-when PATH]\n  \
+zernel-workload hog --name NAME --secs S [--threads N] [--busy-pct P] [--rename NEW --rename-when PATH] [--fifo PRIO]\n  \
 zernel-workload threads --count N --secs S [--wake-ms MS] [--ml]\n  \
 zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]\n  \
 zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS] [--busy-pct P]\n  \
-zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]"
+zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]\n  \
+zernel-workload entry --map PATH --tid T --class N [--start-offset TICKS] [--node N]"
     );
     std::process::exit(2)
 }
@@ -138,6 +149,16 @@ fn set_name(name: &str) {
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
     unsafe {
         libc::prctl(libc::PR_SET_NAME, bytes.as_ptr() as libc::c_ulong, 0, 0, 0);
+    }
+}
+
+/// Makes the calling thread (and the threads it creates) SCHED_FIFO at `prio`.
+fn set_fifo(prio: i32) {
+    let param = libc::sched_param { sched_priority: prio };
+    // SAFETY: sched_setscheduler reads one sched_param; 0 = this thread.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        eprintln!("zernel-workload: SCHED_FIFO {prio}: {}", std::io::Error::last_os_error());
+        std::process::exit(1);
     }
 }
 
@@ -201,7 +222,24 @@ fn main() {
         "threads" => threads(&Opts::parse(rest, &["ml"])),
         "churn" => churn(&Opts::parse(rest, &[])),
         "reader" => reader(&Opts::parse(rest, &[])),
+        "entry" => entry_cmd(&Opts::parse(rest, &[])),
         _ => usage(),
+    }
+}
+
+fn entry_cmd(o: &Opts) {
+    let Some(map) = o.str("map") else { usage() };
+    let (tid, class, offset) = (o.num("tid", 0) as u32, o.num("class", u64::MAX) as u32, o.num("start-offset", 0));
+    if tid == 0 || class == u32::MAX {
+        usage()
+    }
+    let node = match o.str("node") {
+        None => -1,
+        Some(v) => v.parse().unwrap_or_else(|_| usage()),
+    };
+    if let Err(e) = entry::write(map, tid, class, offset, node) {
+        eprintln!("zernel-workload entry: {e}");
+        std::process::exit(1);
     }
 }
 
@@ -215,6 +253,9 @@ fn hog(o: &Opts) {
     let n = o.num("threads", 1).max(1);
     let pct = o.num("busy-pct", 100);
     let until = Instant::now() + Duration::from_secs(secs);
+    if let Some(prio) = o.str("fifo") {
+        set_fifo(prio.parse().unwrap_or_else(|_| usage()));
+    }
     // --rename NEW: once the file --rename-when exists, every thread but the
     // main one (the main one when it is alone) takes the name NEW.
     let rename = match (o.str("rename"), o.str("rename-when")) {

@@ -1,5 +1,5 @@
 #!/bin/sh
-# vm: --smp 4 --mem 2G --timeout 400
+# vm: --smp 4 --mem 2G --timeout 900
 #
 # The [observe] keys that decide which processes are ML, and the [phase]
 # thresholds of the loader and optimizer phases, each shown to switch a
@@ -34,7 +34,7 @@
 
 W=/tmp/mk
 mkdir -p "$W" "$W/emptyproc"
-S=400
+S=900
 # Two libraries to map: any loadable .so under the names the rules look for.
 lib=$(ls /opt/zernel-fake-nvml/libnvidia-ml.so.1 2>/dev/null || ls /lib/x86_64-linux-gnu/libm.so.6)
 cp "$lib" "$W/libzt_ml.so.1" && cp "$lib" "$W/libzt_coll.so.1"
@@ -57,7 +57,26 @@ printf '{"devices":[{"index":0,"util":0}],"processes":[{"pid":%s,"device":0,"sm_
 sleep 1
 
 # run NAME SECS [TOML LINES...] : the daemon with that config; the kernel's
-# entries sampled for SECS s into $W/NAME (zsample lines).
+# entries sampled into $W/NAME (zsample lines) until every "COMM CLASS" of
+# WANT (the run's positive controls) has been seen, then for as long again
+# (at least 3 s), so that an entry the run must not have had the same
+# chance to appear; at most SECS s.
+WANT=""
+until_seen() {   # until_seen OUT SECS
+  _t0=$(cut -d. -f1 /proc/uptime)
+  while [ $(( $(cut -d. -f1 /proc/uptime) - _t0 )) -lt "$2" ]; do
+    _all=1
+    for _p in $WANT; do
+      grep -q "^${_p%:*} ${_p#*:} " "$1" || { _all=0; break; }
+    done
+    [ "$_all" = 1 ] && break
+    alive "$ZPID" || break
+    sleep 0.5
+  done
+  _took=$(( $(cut -d. -f1 /proc/uptime) - _t0 ))
+  sleep $(( _took > 3 ? _took : 3 ))
+  : >"$1.done"
+}
 run() {
   name=$1 secs=$2
   shift 2
@@ -68,12 +87,13 @@ run() {
     for line in "$@"; do echo "$line"; done
   } >"$W/$name.toml"
   echo "--- run $name"; cat "$W/$name.toml"
-  zernel_sampled "$W/$name.toml" "$secs" "$W/$name"
+  zernel_sampled "$W/$name.toml" "$secs" "$W/$name" until_seen "$W/$name" "$secs"
 }
 held() { grep -q "^$2 $3 " "$W/$1"; }         # held RUN COMM CLASS
 none() { ! grep -q "^$2 " "$W/$1"; }          # none RUN COMM
 
-run 1 10 '[observe]' 'ml_env_vars = ["RANK", "ZT_JOB"]' 'ml_libraries = ["libzt_ml"]' \
+WANT="zt_rank:ml zt_env:ml zt_lib:ml zt_coll:ml zt_child:ml pt_data_worker:ml"
+run 1 90 '[observe]' 'ml_env_vars = ["RANK", "ZT_JOB"]' 'ml_libraries = ["libzt_ml"]' \
   'collective_libraries = ["libzt_coll"]' '[phase]' 'loader_min_read_bytes_per_sec = 1099511627776' || finish
 check "1: zt_rank (RANK) is ML: class ml" held 1 zt_rank ml
 check "1: ml_env_vars has ZT_JOB: zt_env is ML, class ml" held 1 zt_env ml
@@ -83,7 +103,8 @@ check "1: ml_inherit_depth = 4: zt_child (no environment, ML parent) is ML, clas
 check "1: loader_min_busy_frac = 0.2: pt_data_worker (0.3) is DataLoading, class ml" held 1 pt_data_worker ml
 check "1: optimizer_max_voluntary_per_sec = 50: zt_duty (200/s) has no entry" none 1 zt_duty
 
-run 2 10 '[observe]' 'ml_inherit_depth = 0' '[phase]' 'loader_min_busy_frac = 0.5' \
+WANT="zt_rank:ml zt_duty:ml"
+run 2 90 '[observe]' 'ml_inherit_depth = 0' '[phase]' 'loader_min_busy_frac = 0.5' \
   'loader_min_read_bytes_per_sec = 1099511627776' 'optimizer_max_voluntary_per_sec = 1000.0' || finish
 check "2: zt_rank is still ML: class ml" held 2 zt_rank ml
 check "2: default ml_env_vars: zt_env has no entry" none 2 zt_env
@@ -93,16 +114,19 @@ check "2: ml_inherit_depth = 0: zt_child has no entry" none 2 zt_child
 check "2: loader_min_busy_frac = 0.5: pt_data_worker (0.3) has no entry" none 2 pt_data_worker
 check "2: optimizer_max_voluntary_per_sec = 1000: zt_duty is OptimizerStep, class ml" held 2 zt_duty ml
 
-run 3 10 '[phase]' 'loader_min_busy_frac = 0.9' 'optimizer_max_voluntary_per_sec = 1000.0' \
+WANT="pt_data_worker:ml"
+run 3 90 '[phase]' 'loader_min_busy_frac = 0.9' 'optimizer_max_voluntary_per_sec = 1000.0' \
   'optimizer_min_busy_frac = 0.95' || finish
 check "3: loader_min_read_bytes_per_sec = 1 MiB/s: pt_data_worker is DataLoading by its reads, class ml" \
   held 3 pt_data_worker ml
 check "3: optimizer_min_busy_frac = 0.95: zt_duty (0.7) has no entry" none 3 zt_duty
 
-run 4 10 '[observe]' 'active_busy_frac = 0.5' '[phase]' 'loader_min_busy_frac = 0.9' || finish
+WANT="zt_rank:ml"
+run 4 90 '[observe]' 'active_busy_frac = 0.5' '[phase]' 'loader_min_busy_frac = 0.9' || finish
 check "4: active_busy_frac = 0.5: pt_data_worker (0.3, reads unknown) has no entry" none 4 pt_data_worker
 check "4: zt_rank (0.6) is still sampled in detail: class ml" held 4 zt_rank ml
 
+WANT=""
 run 5 6 '[observe]' "proc_root = \"$W/emptyproc\"" || finish
 check "5: proc_root = an empty directory: no entry at all" [ ! -s "$W/5" ]
 

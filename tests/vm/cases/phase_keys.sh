@@ -81,8 +81,14 @@ check "C: nccl_min_busy_frac = 1.0: no entry for NCCL Progress 0" none C NCCL_Pr
 check "C: the trainer still gets GpuCompute (latency)" held C pt_main_thread latency
 check "C: the trainer still gets OptimizerStep (ml)" held C pt_main_thread ml
 
-run D 10 "phase_stability_count = 1000" || finish
-check "D: phase_stability_count = 1000: no entry at all in 10 s" [ ! -s "$W/D" ]
+# The rule is the run's positive control: the daemon writes entries and the
+# sampler sees them, only no phase is adopted.
+run D 10 "phase_stability_count = 1000" "[[rules]]" 'comm = "^zt_read$"' 'class = "batch"' || finish
+check "D: control: the rule's entry for the reader (class batch)" held D zt_read batch
+check "D: phase_stability_count = 1000: no entry for the trainer" none D pt_main_thread
+check "D: phase_stability_count = 1000: no entry for NCCL Progress 0" none D NCCL_Progress_0
+check "D: phase_stability_count = 1000: no entry for the worker" none D pt_multiprocess
+check "D: the reader holds only the rule's class (no DataLoading phase)" none D "zt_read ml"
 
 run E 12 "phase_eval_interval_ms = 3000" || finish
 echo "reader's first entry after attach: $(cat "$W/A.first") s with phase_eval_interval_ms = 100, $(cat "$W/E.first") s with 3000"

@@ -25,6 +25,9 @@
 #    quiet_sample_interval_ms for activity its sampled threads do not
 #    account for: with 500 the thread is sampled again and its entry comes
 #    within 3 s; with 60000 not within 5 s.
+# Each run sets D (seconds, "none" past its limit, "fail" if the daemon did
+# not attach) in this shell, not in a $(...) subshell, so that the checks
+# of zernel_start and the daemon's exit status count.
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
@@ -45,7 +48,7 @@ start_daemon() {
     printf '\n[[rules]]\ncomm = "^zt_after$"\nclass = "batch"\n'
     printf '\n[[rules]]\ncgroup = "^/zt_rescan$"\nclass = "batch"\n'
   } >"$W/$name.toml"
-  zernel_start "$W/$name.toml" >&2
+  zernel_start "$W/$name.toml"
 }
 # sleep_until T : sleeps until uptime T (seconds, fractional).
 sleep_until() {
@@ -68,12 +71,20 @@ other_tid() {
     [ "${_t##*/}" != "$1" ] && { echo "${_t##*/}"; return; }
   done
 }
-within() { [ "$1" != none ] && awk -v d="$1" -v m="$2" 'BEGIN { exit !(d <= m) }'; }
-later() { [ "$1" = none ] || awk -v d="$1" -v m="$2" 'BEGIN { exit !(d > m) }'; }
+# within D S, later D S : D is a number of seconds or "none" (not by the
+# limit); anything else ("fail": no daemon) satisfies neither.
+is_secs() { case $1 in '' | *[!0-9.]*) return 1 ;; esac; }
+within() { is_secs "$1" && awk -v d="$1" -v m="$2" 'BEGIN { exit !(d <= m) }'; }
+later() { [ "$1" = none ] || { is_secs "$1" && awk -v d="$1" -v m="$2" 'BEGIN { exit !(d > m) }'; }; }
+# stop_daemon RUN : SIGTERM, and its exit status asserted.
+stop_daemon() {
+  zernel_stop TERM
+  assert_eq "$1: the daemon exits 0" "$ZRC" 0
+}
 
 # name_run CAP_MS : the delay for a renamed non-main thread.
 name_run() {
-  start_daemon "n$1" "thread_name_interval_ms = $1" || { echo fail; return; }
+  start_daemon "n$1" "thread_name_interval_ms = $1" || { D=fail; return; }
   rm -f "$W/go"
   zernel-workload hog --name zt_before --secs 60 --threads 2 --rename zt_after --rename-when "$W/go" &
   hog=$!
@@ -83,14 +94,14 @@ name_run() {
   at=$(awk -v t="$tid" -v t0="$t0" 'BEGIN { j = 0.75 + (t % 50) / 100; printf "%.2f", t0 + 12.6 * j + 3 }')
   sleep_until "$at"
   : >"$W/go"
-  entry_after "$(uptime_s)" 18 "$tid" batch
+  D=$(entry_after "$(uptime_s)" 18 "$tid" batch)
   kill "$hog" 2>/dev/null; wait "$hog" 2>/dev/null
-  zernel_stop TERM >&2
+  stop_daemon "thread_name_interval_ms = $1"
 }
 
 # rescan_run INTERVAL_MS : the delay for a process moved to /zt_rescan.
 rescan_run() {
-  start_daemon "r$1" "rescan_interval_ms = $1" || { echo fail; return; }
+  start_daemon "r$1" "rescan_interval_ms = $1" || { D=fail; return; }
   zernel-workload hog --name zt_moved --secs 60 &
   hog=$!
   t0=$(uptime_s)
@@ -98,39 +109,39 @@ rescan_run() {
     printf "%.2f", t0 + (s <= i / 2000 ? s + 3 : 3) }')
   sleep_until "$at"
   echo "$hog" >"$CG/cgroup.procs"
-  entry_after "$(uptime_s)" 10 "$hog" batch
+  D=$(entry_after "$(uptime_s)" 10 "$hog" batch)
   kill "$hog" 2>/dev/null; wait "$hog" 2>/dev/null
-  zernel_stop TERM >&2
+  stop_daemon "rescan_interval_ms = $1"
 }
 
 # quiet_run INTERVAL_MS : the delay for a quiet pool thread that starts loading.
 quiet_run() {
-  start_daemon "q$1" "quiet_sample_interval_ms = $1" || { echo fail; return; }
+  start_daemon "q$1" "quiet_sample_interval_ms = $1" || { D=fail; return; }
   RANK=0 zernel-workload reader --name zt_qmain --secs 30 --thread zt_pool --start-ms 7000 &
   pid=$!
   t0=$(uptime_s)
   wait_until 5 sh -c "[ \$(ls /proc/$pid/task 2>/dev/null | wc -l) -ge 2 ]"
   tid=$(other_tid "$pid")
-  entry_after "$(awk -v t="$t0" 'BEGIN { print t + 7 }')" 10 "$tid" ml
+  D=$(entry_after "$(awk -v t="$t0" 'BEGIN { print t + 7 }')" 10 "$tid" ml)
   kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
-  zernel_stop TERM >&2
+  stop_daemon "quiet_sample_interval_ms = $1"
 }
 
-d1=$(name_run 1000)
-d2=$(name_run 30000)
+name_run 1000; d1=$D
+name_run 30000; d2=$D
 echo "a renamed thread's class reached the kernel $d1 s after the rename with thread_name_interval_ms = 1000, $d2 s with 30000"
 check "thread_name_interval_ms = 1000: within 3 s" within "$d1" 3
 check "thread_name_interval_ms = 30000: not within 3 s" later "$d2" 3
 check "thread_name_interval_ms = 30000: but at the next name check (within 18 s)" within "$d2" 18
 
-d3=$(rescan_run 1000)
-d4=$(rescan_run 30000)
+rescan_run 1000; d3=$D
+rescan_run 30000; d4=$D
 echo "a process moved to a rule's cgroup got its class $d3 s later with rescan_interval_ms = 1000, $d4 s with 30000"
 check "rescan_interval_ms = 1000: within 3 s" within "$d3" 3
 check "rescan_interval_ms = 30000: not within 3 s" later "$d4" 3
 
-d5=$(quiet_run 500)
-d6=$(quiet_run 60000)
+quiet_run 500; d5=$D
+quiet_run 60000; d6=$D
 echo "a quiet pool thread that started reading got class ml $d5 s later with quiet_sample_interval_ms = 500, $d6 s with 60000"
 check "quiet_sample_interval_ms = 500: within 3 s" within "$d5" 3
 check "quiet_sample_interval_ms = 60000: not within 5 s" later "$d6" 5
