@@ -13,22 +13,27 @@
 #   zt_child        reader 20 %, empty environment, child of an ML shell
 #   pt_data_worker  reader 30 %, RANK=0: a DataLoader by its name
 #   zt_duty         hog 70 %, a GPU process (GPU file) whose GPU is idle
-# Runs, one daemon each:
+# Runs, one daemon each. The keys that decide which processes are ML run
+# with policy.ml_unknown = "ml" (an ML process's threads hold class ml
+# whatever their phase, so ML-ness alone shows in the kernel, however slow
+# the host); the phase thresholds with "none" (every entry is a phase's):
 #  1  ml_env_vars = [RANK, ZT_JOB], ml_libraries = [libzt_ml],
-#     collective_libraries = [libzt_coll], loader reads 1 TiB/s: zt_env,
-#     zt_lib, zt_coll and zt_child (inherited) are ML (class ml);
-#     pt_data_worker is DataLoading by its busy fraction (0.3 >= 0.2);
-#     zt_duty is not OptimizerStep (200 voluntary switches/s > 50).
-#  2  the default lists, ml_inherit_depth = 0, loader_min_busy_frac = 0.5,
-#     optimizer_max_voluntary_per_sec = 1000: none of those five has an
-#     entry; zt_duty is OptimizerStep (class ml).
-#  3  loader_min_busy_frac = 0.9 (reads at the default 1 MiB/s),
+#     collective_libraries = [libzt_coll]: zt_env, zt_lib, zt_coll and
+#     zt_child (inherited) are ML (class ml).
+#  2  the default lists, ml_inherit_depth = 0: none of those four has an
+#     entry (zt_rank, ML by RANK, does: the control).
+#  3  loader_min_busy_frac = 0.2, loader reads 1 TiB/s: pt_data_worker is
+#     DataLoading by its busy fraction (0.3 >= 0.2); zt_duty is not
+#     OptimizerStep (200 voluntary switches/s > 50).
+#  4  loader_min_busy_frac = 0.5, optimizer_max_voluntary_per_sec = 1000:
+#     pt_data_worker has no entry; zt_duty is OptimizerStep (class ml).
+#  5  loader_min_busy_frac = 0.9 (reads at the default 1 MiB/s),
 #     optimizer_min_busy_frac = 0.95: pt_data_worker is DataLoading by its
 #     reads; zt_duty (0.7) is not OptimizerStep.
-#  4  as 3 with active_busy_frac = 0.5: pt_data_worker (0.3) is not
+#  6  as 5 with active_busy_frac = 0.5: pt_data_worker (0.3) is not
 #     sampled in detail, so its reads are unknown: no entry; zt_rank (0.6)
 #     still is.
-#  5  proc_root = an empty directory: the daemon sees no process, no entry.
+#  7  proc_root = an empty directory: the daemon sees no process, no entry.
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
@@ -77,13 +82,15 @@ until_seen() {   # until_seen OUT SECS
   sleep $(( _took > 3 ? _took : 3 ))
   : >"$1.done"
 }
+# run NAME SECS ML_UNKNOWN [TOML LINES...] : see above; ML_UNKNOWN is
+# policy.ml_unknown: "ml" where a key decides whether a process is ML (an
+# ML process's threads then hold class ml whatever their phase), "none" where
+# a threshold decides a phase (every entry then comes from a phase).
 run() {
-  name=$1 secs=$2
-  shift 2
+  name=$1 secs=$2 mlu=$3
+  shift 3
   {
-    # No class for ML threads in no phase: each entry checked below comes
-    # from a phase (or proves the process ML through one).
-    printf '[policy]\nml_unknown = "none"\n\n[gpu]\nprovider = "file"\nfile = "%s"\n' "$W/gpu.json"
+    printf '[policy]\nml_unknown = "%s"\n\n[gpu]\nprovider = "file"\nfile = "%s"\n' "$mlu" "$W/gpu.json"
     for line in "$@"; do echo "$line"; done
   } >"$W/$name.toml"
   echo "--- run $name"; cat "$W/$name.toml"
@@ -92,43 +99,51 @@ run() {
 held() { grep -q "^$2 $3 " "$W/$1"; }         # held RUN COMM CLASS
 none() { ! grep -q "^$2 " "$W/$1"; }          # none RUN COMM
 
-WANT="zt_rank:ml zt_env:ml zt_lib:ml zt_coll:ml zt_child:ml pt_data_worker:ml"
-run 1 90 '[observe]' 'ml_env_vars = ["RANK", "ZT_JOB"]' 'ml_libraries = ["libzt_ml"]' \
-  'collective_libraries = ["libzt_coll"]' '[phase]' 'loader_min_read_bytes_per_sec = 1099511627776' || finish
+# Which processes are ML: the evidence keys, judged by ML-ness alone.
+WANT="zt_rank:ml zt_env:ml zt_lib:ml zt_coll:ml zt_child:ml"
+run 1 90 ml '[observe]' 'ml_env_vars = ["RANK", "ZT_JOB"]' 'ml_libraries = ["libzt_ml"]' \
+  'collective_libraries = ["libzt_coll"]' || finish
 check "1: zt_rank (RANK) is ML: class ml" held 1 zt_rank ml
 check "1: ml_env_vars has ZT_JOB: zt_env is ML, class ml" held 1 zt_env ml
 check "1: ml_libraries has libzt_ml: zt_lib is ML, class ml" held 1 zt_lib ml
 check "1: collective_libraries has libzt_coll: zt_coll is ML, class ml" held 1 zt_coll ml
 check "1: ml_inherit_depth = 4: zt_child (no environment, ML parent) is ML, class ml" held 1 zt_child ml
-check "1: loader_min_busy_frac = 0.2: pt_data_worker (0.3) is DataLoading, class ml" held 1 pt_data_worker ml
-check "1: optimizer_max_voluntary_per_sec = 50: zt_duty (200/s) has no entry" none 1 zt_duty
 
-WANT="zt_rank:ml zt_duty:ml"
-run 2 90 '[observe]' 'ml_inherit_depth = 0' '[phase]' 'loader_min_busy_frac = 0.5' \
-  'loader_min_read_bytes_per_sec = 1099511627776' 'optimizer_max_voluntary_per_sec = 1000.0' || finish
+WANT="zt_rank:ml"
+run 2 90 ml '[observe]' 'ml_inherit_depth = 0' || finish
 check "2: zt_rank is still ML: class ml" held 2 zt_rank ml
 check "2: default ml_env_vars: zt_env has no entry" none 2 zt_env
 check "2: default ml_libraries: zt_lib has no entry" none 2 zt_lib
 check "2: default collective_libraries: zt_coll has no entry" none 2 zt_coll
 check "2: ml_inherit_depth = 0: zt_child has no entry" none 2 zt_child
-check "2: loader_min_busy_frac = 0.5: pt_data_worker (0.3) has no entry" none 2 pt_data_worker
-check "2: optimizer_max_voluntary_per_sec = 1000: zt_duty is OptimizerStep, class ml" held 2 zt_duty ml
+
+# The loader and optimizer thresholds, judged by the phases they allow.
+WANT="pt_data_worker:ml"
+run 3 90 none '[phase]' 'loader_min_busy_frac = 0.2' 'loader_min_read_bytes_per_sec = 1099511627776' || finish
+check "3: loader_min_busy_frac = 0.2: pt_data_worker (0.3) is DataLoading, class ml" held 3 pt_data_worker ml
+check "3: optimizer_max_voluntary_per_sec = 50: zt_duty (200/s) has no entry" none 3 zt_duty
+
+WANT="zt_duty:ml"
+run 4 90 none '[phase]' 'loader_min_busy_frac = 0.5' 'loader_min_read_bytes_per_sec = 1099511627776' \
+  'optimizer_max_voluntary_per_sec = 1000.0' || finish
+check "4: loader_min_busy_frac = 0.5: pt_data_worker (0.3) has no entry" none 4 pt_data_worker
+check "4: optimizer_max_voluntary_per_sec = 1000: zt_duty is OptimizerStep, class ml" held 4 zt_duty ml
 
 WANT="pt_data_worker:ml"
-run 3 90 '[phase]' 'loader_min_busy_frac = 0.9' 'optimizer_max_voluntary_per_sec = 1000.0' \
+run 5 90 none '[phase]' 'loader_min_busy_frac = 0.9' 'optimizer_max_voluntary_per_sec = 1000.0' \
   'optimizer_min_busy_frac = 0.95' || finish
-check "3: loader_min_read_bytes_per_sec = 1 MiB/s: pt_data_worker is DataLoading by its reads, class ml" \
-  held 3 pt_data_worker ml
-check "3: optimizer_min_busy_frac = 0.95: zt_duty (0.7) has no entry" none 3 zt_duty
+check "5: loader_min_read_bytes_per_sec = 1 MiB/s: pt_data_worker is DataLoading by its reads, class ml" \
+  held 5 pt_data_worker ml
+check "5: optimizer_min_busy_frac = 0.95: zt_duty (0.7) has no entry" none 5 zt_duty
 
 WANT="zt_rank:ml"
-run 4 90 '[observe]' 'active_busy_frac = 0.5' '[phase]' 'loader_min_busy_frac = 0.9' || finish
-check "4: active_busy_frac = 0.5: pt_data_worker (0.3, reads unknown) has no entry" none 4 pt_data_worker
-check "4: zt_rank (0.6) is still sampled in detail: class ml" held 4 zt_rank ml
+run 6 90 none '[observe]' 'active_busy_frac = 0.5' '[phase]' 'loader_min_busy_frac = 0.9' || finish
+check "6: active_busy_frac = 0.5: pt_data_worker (0.3, reads unknown) has no entry" none 6 pt_data_worker
+check "6: zt_rank (0.6) is still sampled in detail: class ml" held 6 zt_rank ml
 
 WANT=""
-run 5 6 '[observe]' "proc_root = \"$W/emptyproc\"" || finish
-check "5: proc_root = an empty directory: no entry at all" [ ! -s "$W/5" ]
+run 7 6 ml '[observe]' "proc_root = \"$W/emptyproc\"" || finish
+check "7: proc_root = an empty directory: no entry at all (not even for ML processes)" [ ! -s "$W/7" ]
 
 kill $p1 $p2 $p3 $p4 $p5 $p6 $p7 2>/dev/null; wait $p1 $p2 $p3 $p4 $p5 $p6 $p7 2>/dev/null
 check "dmesg is clean" dmesg_clean
