@@ -88,9 +88,12 @@ pub fn classify(t: &ThreadView, p: &ProcessView, cfg: &PhaseConfig) -> Option<Ph
     if driver && gpu_busy {
         return Some(Phase::GpuCompute);
     }
+    // An upper bound on switches needs a measured count: a thread not read in
+    // detail this interval has none, which is not "no switches".
     if driver
         && gpu_idle
         && busy >= cfg.optimizer_min_busy_frac
+        && d.detail.is_some()
         && vol_per_sec <= cfg.optimizer_max_voluntary_per_sec
     {
         return Some(Phase::OptimizerStep);

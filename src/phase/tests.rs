@@ -105,6 +105,19 @@ fn one(cfg: &PhaseConfig, role: ThreadRole, gpu: Option<u32>, act: Act) -> Phase
 }
 
 #[test]
+fn no_switch_count_is_not_a_low_switch_count() {
+    // A CPU-bound trainer whose GPU idles, but not read in detail this
+    // interval (no status, so no voluntary switch count): not OptimizerStep.
+    let c = PhaseConfig::default();
+    let mut t = thread(11, 10, ThreadRole::Trainer, true, Some(Act { busy: 0.95, ..Act::default() }));
+    if let Some(d) = t.delta.as_mut() {
+        d.detail = None;
+    }
+    let s = snap(process(10, true, Some(0)), vec![t]);
+    assert_eq!(classify(&s.threads[0], &s.processes[0], &c), Some(Phase::Unknown));
+}
+
+#[test]
 fn each_phase_has_a_trigger() {
     let c = PhaseConfig::default();
     let spin_wait = Act {
