@@ -9,7 +9,7 @@
 # preempts it for 4 s: the ml thread keeps running (>= 30% of a CPU over
 # those seconds, measured by its own CPU time: it shares CPU 0 with this
 # script; waiting behind the RT task it would get the few % RT throttling
-# leaves), on CPU 0. Control: before the RT task it ran on CPU 1 (>= 30%).
+# leaves), on CPU 0. Control: before the RT task it ran on CPU 1 (>= 10%: it runs at all, however loaded the host).
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
@@ -53,7 +53,7 @@ on_cpu1() {
 }
 before=$(share 1)
 echo "before the RT task: zt_ml runs $before% of a CPU"
-assert_ge "control: zt_ml runs (>= 30% of a CPU)" "$before" 30
+assert_ge "control: zt_ml runs (>= 10% of a CPU; a thread that never ran has 0)" "$before" 10
 wait_until 30 on_cpu1
 c=$(cpu_of)
 echo "zt_ml on CPU $c, allowed CPUs $(taskset -p "$ml" | sed 's/.*: //')"
