@@ -103,8 +103,8 @@ expect zt_cg latency 600 "cgroup"
 t=$(tid_of zt_none)
 assert_eq "a hog that matches no rule has no entry ($t)" "$(ztask "$t" class)" ""
 
-scx_zernel observe --config /tmp/rm.toml --count 2 --interval-ms 1500 --json >/tmp/obs.json 2>/tmp/obs.err
-named() { tail -n 1 /tmp/obs.json | grep -q "\"name\":\"$1\""; }
+scx_zernel observe --config /tmp/rm.toml --count 4 --interval-ms 1500 --json >/tmp/obs.json 2>/tmp/obs.err
+named() { grep -q "\"name\":\"$1\"" /tmp/obs.json; }
 check "observe names the rule that matched (by parent)" named "by parent"
 check "observe names the rule that matched (by gid)" named "by gid"
 
@@ -135,7 +135,7 @@ mlr=$!
 zernel-workload reader --name zt_plain --secs 30 --busy-pct 30 &
 plain=$!
 slice_is() { [ "$(ztask "$1" slice_us)" = "$2" ]; }
-wait_until 15 slice_is "$mlr" 4000
+wait_until 60 slice_is "$mlr" 4000
 assert_eq "ml = true: zt_mlrule keeps the rule's class" "$(ztask "$mlr" class)" normal
 assert_eq "ml = true: zt_mlrule is DataLoading inside it (slice 4000 us)" "$(ztask "$mlr" slice_us)" 4000
 assert_eq "no ml: zt_plain has the rule's class" "$(ztask "$plain" class)" normal
