@@ -164,6 +164,15 @@ ztask_is() { [ "$(ztask "$1" "$2")" = "$3" ]; }
 zcounter_gt() { local v; v=$(zcounter "$1" "$2"); _is_int "$v" && [ "$v" -gt "$3" ]; }
 # file_gt FILE N : FILE holds an integer above N (a workload's progress count).
 file_gt() { local v; v=$(cat "$1" 2>/dev/null); _is_int "$v" && [ "$v" -gt "$2" ]; }
+# need_torch : PY = the Python with PyTorch the harness passes in
+# ZERNEL_PYTHON (--host-root cases); without one the case ends, failed.
+need_torch() {
+  PY=${ZERNEL_PYTHON:-}
+  if [ -z "$PY" ] || ! [ -x "$PY" ]; then
+    _notok "a Python with PyTorch (ZERNEL_PYTHON='$PY'; scripts/setup-deps.sh installs it)"
+    finish
+  fi
+}
 # ensure_user NAME UID GID GROUP : a passwd and a group entry, for `su NAME`.
 ensure_user() {
   grep -q "^$1:" /etc/passwd || echo "$1:x:$2:$3:$1:/:/bin/sh" >>/etc/passwd

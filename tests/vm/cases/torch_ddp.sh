@@ -16,13 +16,9 @@
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
-PY=${ZERNEL_PYTHON:-}
+need_torch
 W=/tmp/ddp
 mkdir -p "$W"
-if [ -z "$PY" ] || ! [ -x "$PY" ]; then
-  _notok "a Python with PyTorch (ZERNEL_PYTHON='$PY'; scripts/setup-deps.sh installs it)"
-  finish
-fi
 
 zernel_start configs/zernel.toml --log-level debug || finish
 
