@@ -83,7 +83,7 @@ pub struct Metrics {
     pub normal_dispatched: u64,
     #[stat(desc = "Dispatches from the batch queues")]
     pub batch_dispatched: u64,
-    #[stat(desc = "Wakeups sent straight to an idle CPU (all classes)")]
+    #[stat(desc = "Tasks sent straight to an idle CPU, or kept by their CPU at a slice end with nothing else to run (all classes)")]
     pub direct: u64,
     #[stat(desc = "Wakeups that preempted a lower class (all classes)")]
     pub preempted: u64,

@@ -69,7 +69,8 @@ struct task_class {
 enum zernel_class_stat {
 	ZSTAT_ENQUEUED = 0,	/* tasks queued in (or directly dispatched to) the class */
 	ZSTAT_DISPATCHED,	/* tasks moved from the class queue to a CPU */
-	ZSTAT_DIRECT,		/* tasks sent straight to an idle CPU */
+	ZSTAT_DIRECT,		/* tasks sent straight to an idle CPU, or kept by
+				   their CPU at a slice end with nothing else to run */
 	ZSTAT_PREEMPTED,	/* wakeups that preempted a lower class */
 	ZSTAT_STARVED,		/* dispatches forced by the starvation bound */
 	ZSTAT_WAKE_PREEMPT,	/* short-burst wakeups that took their CPU back (wake_victim) */

@@ -18,7 +18,8 @@
  *              └─ else: dsq[node][class], FIFO (vtime = enqueue time);
  *                      kick an idle CPU, its node first
  *   slice end ─> zernel_enqueue again (SCX_OPS_ENQ_LAST): a task that runs
- *              alone on the wrong node moves to its node's idle CPU
+ *              alone on the wrong node moves to its node's idle CPU; any
+ *              other task alone on its CPU keeps it (local queue)
  *   RT task takes a CPU ─> zernel_cpu_release: its local queue goes back
  *              through zernel_enqueue, to run on another CPU
  *   CPU free ─> zernel_dispatch:
@@ -558,6 +559,22 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 
 	node = tc && may_run_on_node(p, tc->node) ?
 		tc->node : node_of(scx_bpf_task_cpu(p));
+
+	/*
+	 * Slice end with nothing else for this CPU (SCX_ENQ_LAST): keep
+	 * running here, unless the task's node is another one and has an idle
+	 * CPU the task may use (it moves there). Queued instead, a task pinned
+	 * to this CPU would wait with its CPU idle until something kicked it.
+	 */
+	if (enq_flags & SCX_ENQ_LAST) {
+		cpu = scx_bpf_task_cpu(p);
+		idle = node != node_of(cpu) ? find_idle(p, node) : -1;
+		if (idle < 0 || node_of(idle) != node) {
+			scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL, slice, enq_flags);
+			stat_cls(class, ZSTAT_DIRECT);
+			return;
+		}
+	}
 
 	share = share_of(class, tenant);
 	dsq = share < 0 ? dsq_id(node, class) : share_dsq(share, node, class);
