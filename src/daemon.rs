@@ -231,6 +231,11 @@ impl Pipeline {
         })
     }
 
+    /// Takes a topology read again after CPU hotplug.
+    pub fn set_topology(&mut self, topo: Topology) {
+        self.topo = topo;
+    }
+
     /// Takes a new configuration (rules, policy, phase thresholds, GPU
     /// source); the scheduler section needs a restart and is kept.
     pub fn reconfigure(&mut self, mut cfg: Config) -> Result<()> {
@@ -572,6 +577,21 @@ impl LoadOptions {
     }
 }
 
+/// The CPU topology from /sys, with the config's GPU -> node pins. At
+/// start a pin to a node with no online CPU is a config error; read again
+/// after CPU hotplug it means the node's CPUs went offline: the pins wait
+/// (with a warning) for a later restart that finds the node online again.
+fn read_topology(cfg: &Config, after_hotplug: bool) -> Result<Topology> {
+    let mut topo = Topology::read(Path::new("/sys")).context("reading the CPU topology from /sys")?;
+    if let Err(e) = topo.apply_config(&cfg.topology) {
+        if !after_hotplug {
+            bail!(e);
+        }
+        warn!("{e}: the [topology] pins are left out until the node is back online");
+    }
+    Ok(topo)
+}
+
 /// Runs the scheduler until SIGINT/SIGTERM (Ok) or a BPF-side exit (Err).
 pub fn run(
     source: &Source,
@@ -583,8 +603,7 @@ pub fn run(
     let cfg = source.load()?;
     sched::check_kernel()?;
     info!("scx_zernel {}", version());
-    let mut topo = Topology::read(Path::new("/sys")).context("reading the CPU topology from /sys")?;
-    topo.apply_config(&cfg.topology).map_err(anyhow::Error::msg)?;
+    let mut topo = read_topology(&cfg, false)?;
 
     let mut reloader = Reloader::new(source)?;
 
@@ -606,7 +625,12 @@ pub fn run(
             serve(&mut sched, &mut pipeline, source, stats_every, published.as_ref(), &shutdown, &mut reloader)?;
         let uei = sched.shutdown()?;
         if uei.should_restart() {
-            info!("the BPF scheduler asked for a restart");
+            // A CPU went offline or came online (the kernel ends a scheduler
+            // without hotplug callbacks this way): the CPUs and nodes the
+            // BPF side was loaded with are no longer the machine's.
+            topo = read_topology(&pipeline.cfg, true)?;
+            info!("the BPF scheduler asked for a restart: {} online CPUs, {} node(s)", topo.nr_cpus(), topo.nr_nodes());
+            pipeline.set_topology(topo.clone());
             continue;
         }
         if bpf_exited {
@@ -631,6 +655,8 @@ fn serve(
     let (res_ch, req_ch) = server.channels();
     let mut decisions = Decisions::default();
     let mut metrics = Metrics::default();
+    // What the last --stats line covered: each line shows what came since.
+    let mut printed = Metrics::default();
     let mut last_print = Instant::now();
     let mut last_tenant_sample = Instant::now();
     let mut prev_tenant_ns = sched.counters()?.tenant_ns[..pipeline.tenants.len()].to_vec();
@@ -689,7 +715,8 @@ fn serve(
         if let Some(secs) = stats_every {
             if last_print.elapsed().as_secs_f64() >= secs {
                 last_print = Instant::now();
-                metrics.format(&mut std::io::stdout())?;
+                metrics.delta(&printed).format(&mut std::io::stdout())?;
+                printed = metrics.clone();
             }
         }
 

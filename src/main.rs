@@ -54,13 +54,15 @@ struct Cli {
     #[arg(long, value_enum, default_value_t = Mode::Auto)]
     mode: Mode,
 
-    /// Print statistics every SECS seconds while running.
+    /// Print statistics every SECS seconds while running: counters as what
+    /// they counted since the last line, gauges as they are.
     #[arg(long, value_name = "SECS")]
     stats: Option<f64>,
 
     /// Print the statistics of the running scheduler every SECS seconds and
-    /// exit on SIGINT. A client only: attaches nothing, waits for the
-    /// scheduler if it is not running yet.
+    /// exit on SIGINT: counters as what they counted since the last line
+    /// (the stats server's deltas), gauges as they are. A client only:
+    /// attaches nothing, waits for the scheduler if it is not running yet.
     #[arg(long, value_name = "SECS")]
     monitor: Option<f64>,
 

@@ -7,8 +7,12 @@
 //!   phase detector ───────┘
 //! ```
 //!
-//! Counters are cumulative since attach; the printed line shows them as they
-//! are, so two samples give rates.
+//! The kernel's and the daemon's counters are cumulative since attach. The
+//! stats server serves them as deltas, like the scx schedulers: each client
+//! (`--monitor`) gets what happened since its own last read, and `--stats`
+//! prints what happened since its last line; gauges (map entries, threads,
+//! phases, tenants' shares) are served as they are. The metrics endpoint
+//! serves the cumulative values (Prometheus counters).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -153,6 +157,36 @@ impl Metrics {
         self.map_stale = c.global[i::zernel_global_stat_ZGSTAT_MAP_STALE as usize];
     }
 
+    /// What the counters counted since `prev`, an earlier snapshot of the
+    /// same daemon; gauges as they are now. A counter below its earlier value
+    /// started again (the BPF side restarted): its whole value is new.
+    pub fn delta(&self, prev: &Metrics) -> Metrics {
+        let d = |now: u64, then: u64| if now >= then { now - then } else { now };
+        Metrics {
+            latency_enqueued: d(self.latency_enqueued, prev.latency_enqueued),
+            ml_enqueued: d(self.ml_enqueued, prev.ml_enqueued),
+            normal_enqueued: d(self.normal_enqueued, prev.normal_enqueued),
+            batch_enqueued: d(self.batch_enqueued, prev.batch_enqueued),
+            latency_dispatched: d(self.latency_dispatched, prev.latency_dispatched),
+            ml_dispatched: d(self.ml_dispatched, prev.ml_dispatched),
+            normal_dispatched: d(self.normal_dispatched, prev.normal_dispatched),
+            batch_dispatched: d(self.batch_dispatched, prev.batch_dispatched),
+            direct: d(self.direct, prev.direct),
+            preempted: d(self.preempted, prev.preempted),
+            wake_preempted: d(self.wake_preempted, prev.wake_preempted),
+            starved: d(self.starved, prev.starved),
+            steals: d(self.steals, prev.steals),
+            map_misses: d(self.map_misses, prev.map_misses),
+            map_stale: d(self.map_stale, prev.map_stale),
+            decisions_written: d(self.decisions_written, prev.decisions_written),
+            map_full: d(self.map_full, prev.map_full),
+            phase_transitions: d(self.phase_transitions, prev.phase_transitions),
+            reloads: d(self.reloads, prev.reloads),
+            reloads_rejected: d(self.reloads_rejected, prev.reloads_rejected),
+            ..self.clone()
+        }
+    }
+
     pub fn format<W: Write>(&self, w: &mut W) -> Result<()> {
         writeln!(
             w,
@@ -203,14 +237,20 @@ impl Metrics {
     }
 }
 
-/// The scx_stats server's description: one "top" op answering with Metrics.
+/// The scx_stats server's description: one "top" op answering with Metrics,
+/// as deltas since the same client's last read (the first read: since it
+/// connected).
 pub fn server_data() -> StatsServerData<(), Metrics> {
     let open: Box<dyn StatsOpener<(), Metrics>> = Box::new(move |(req_ch, res_ch)| {
+        req_ch.send(())?;
+        let mut prev = res_ch.recv()?;
         let read: Box<dyn StatsReader<(), Metrics>> = Box::new(move |_args, (req_ch, res_ch)| {
             req_ch.send(())?;
-            res_ch.recv()?.to_json()
+            let now = res_ch.recv()?;
+            let delta = now.delta(&prev);
+            prev = now;
+            delta.to_json()
         });
-        let _ = (req_ch, res_ch);
         Ok(read)
     });
     StatsServerData::new().add_meta(TenantMetrics::meta()).add_meta(Metrics::meta()).add_ops("top", StatsOps { open, close: None })
@@ -228,7 +268,19 @@ pub fn monitor(intv: Duration, shutdown: Arc<AtomicBool>) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::TenantMetrics;
+    use super::{Metrics, TenantMetrics};
+
+    #[test]
+    fn deltas_count_since_the_last_read_and_gauges_stay() {
+        let prev = Metrics { batch_enqueued: 400, starved: 7, map_entries: 30, threads: 90, ..Default::default() };
+        let now = Metrics { batch_enqueued: 520, starved: 7, map_entries: 25, threads: 91, ..Default::default() };
+        let d = now.delta(&prev);
+        assert_eq!((d.batch_enqueued, d.starved), (120, 0));
+        assert_eq!((d.map_entries, d.threads), (25, 91));
+        // The BPF side restarted: its counters start again from 0.
+        let restarted = Metrics { batch_enqueued: 15, ..Default::default() };
+        assert_eq!(restarted.delta(&prev).batch_enqueued, 15);
+    }
 
     #[test]
     fn borrowed_and_lent_follow_use_against_entitlement() {

@@ -194,20 +194,20 @@ fn spin_until(until: Instant) -> u64 {
 
 /// Runs `work` (a short step) for `pct` % of every 5 ms period until
 /// `until`, sleeping the rest (one voluntary switch a period, ~200 a
-/// second).
+/// second). It sleeps its share of every period even when it is late (a
+/// loaded CPU): a thread that skipped its sleeps would turn into a spinner
+/// with no voluntary switch at all.
 fn duty_cycle(until: Instant, pct: u64, mut work: impl FnMut()) {
     const PERIOD: Duration = Duration::from_millis(5);
-    let mut next = Instant::now();
+    let busy = PERIOD.mul_f64(pct.min(100) as f64 / 100.0);
+    let idle = PERIOD - busy;
     while Instant::now() < until {
-        let busy_end = next + PERIOD.mul_f64(pct.min(100) as f64 / 100.0);
-        next += PERIOD;
+        let busy_end = Instant::now() + busy;
         while Instant::now() < busy_end.min(until) {
             work();
         }
-        if let Some(rest) = next.checked_duration_since(Instant::now()) {
-            std::thread::sleep(rest);
-        } else {
-            next = Instant::now();
+        if !idle.is_zero() {
+            std::thread::sleep(idle);
         }
     }
 }

@@ -36,17 +36,25 @@ zernel_start /tmp/numa.toml || finish
 assert_eq "the kernel holds nr_nodes 2" "$(ztunable nr_nodes)" 2
 assert_eq "the kernel holds numa 1" "$(ztunable numa)" 1
 
-# cpu_of TID : the CPU the thread last ran on (field 39 of stat).
-cpu_of() { sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f37; }
-# sample TID N : N samples 50 ms apart; prints "on_node1 total".
+# A pipe nothing writes to: `read -t` on it sleeps without forking.
+mkfifo /tmp/numa.never
+exec 3<>/tmp/numa.never
+# sample TID N : N samples 50 ms apart of the CPU the thread last ran on
+# (field 39 of its stat); prints "on_node1 total". Nothing is forked per
+# sample: forked processes would run on the very CPUs being watched.
 sample() {
-  _on=0 _tot=0 _i=0
-  [ -n "$1" ] || { echo "0 0"; return; }
-  while [ $_i -lt "$2" ]; do
-    _c=$(cpu_of "$1") || break
+  _tid=$1 _n=$2 _on=0 _tot=0
+  [ -n "$_tid" ] || { echo "0 0"; return; }
+  while [ $_tot -lt "$_n" ]; do
+    read -r _l <"/proc/$_tid/stat" || break
+    # shellcheck disable=SC2086 # split into fields on purpose
+    set -- ${_l##*") "}
+    shift 36
+    _c=$1
     _tot=$((_tot + 1))
     [ "$_c" -ge 2 ] && _on=$((_on + 1))
-    sleep 0.05; _i=$((_i + 1))
+    # shellcheck disable=SC3045 # busybox ash's read takes -t (fractional)
+    read -r -t 0.05 _ <&3
   done
   echo "$_on $_tot"
 }
@@ -81,7 +89,7 @@ echo "samples on node 1 while it has idle CPUs: $1 of $2"
 assert_ge "runs >= 90% of samples on node 1 ($1/$2)" $(($1 * 100)) $(($2 * 90))
 
 # Saturate node 1 with pinned hogs: the GPU thread must still run.
-taskset -c 2-3 zernel-workload hog --name node1_hog --secs 12 --threads 4 &
+taskset -c 2-3 zernel-workload hog --name node1_hog --secs 60 --threads 4 &
 hogs=$!
 sleep 1
 s0=$(sched_of "$tid")

@@ -4,7 +4,8 @@
 # Operability against a running instance: the metrics endpoint serves
 # OpenMetrics (HELP/TYPE lines, `# EOF`) by default and the Prometheus 0.0.4
 # text when asked, and a counter moves between two scrapes; `--monitor`
-# (client only) prints the stats of the running daemon; `--stats` prints
+# (client only) prints the stats of the running daemon as deltas (what
+# each counter counted since its previous line); `--stats` prints
 # them from the daemon itself; `inspect` reads the pinned maps.
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
@@ -30,8 +31,19 @@ assert_gt "a counter moved between two scrapes" "${v2:-0}" "${v1:-0}"
 check "gauges are typed as gauges" grep -q '^# TYPE zernel_map_entries gauge' /tmp/m2
 
 timeout 4 scx_zernel --monitor 1 >/tmp/mon 2>&1
+scrape >/tmp/m3
 head -n 4 /tmp/mon
 check "--monitor prints the running daemon's stats" grep -q '^\[zernel\] enq' /tmp/mon
+# Served as deltas: the batch counts of the monitor's lines add up to no
+# more than the counter grew while it ran (cumulative values, one per line,
+# would add up to several times that), and one of them is not 0.
+v3=$(awk '$1 == "zernel_batch_enqueued_total" { print $2 }' /tmp/m3)
+# shellcheck disable=SC2046 # split into numbers on purpose
+set -- $(awk '$1 == "[zernel]" && $2 == "enq" { split($4, a, "/"); n++; sum += a[4]; if (a[4] > max) max = a[4] }
+  END { print n + 0, sum + 0, max + 0 }' /tmp/mon)
+echo "--monitor: $1 lines, batch enqueued $2 in all (at most $3 in one line); the counter grew $v2 -> $v3"
+assert_ge "--monitor serves deltas: its lines add up to <= the counter's growth ($2 vs $((${v3:-0} - ${v2:-0})))" $((${v3:-0} - ${v2:-0})) "$2"
+assert_gt "--monitor: some line counted batch enqueues" "$3" 0
 check "--stats prints from the daemon" grep -q '^\[zernel\] threads' "$ZLOG"
 check "inspect reads the pinned maps" sh -c "scx_zernel inspect | grep -q '^map_capacity 65536'"
 

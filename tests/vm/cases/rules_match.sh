@@ -66,7 +66,7 @@ class = "normal"
 TOML
 zernel_start /tmp/rm.toml || finish
 
-S=60
+S=300
 zernel-workload hog --name zt_cmd --secs $S --threads 1 &
 pids=$!
 printf '#!/bin/sh\nzernel-workload hog --name zt_child --secs %s --threads 1\n' $S >/tmp/zt_parent
@@ -130,12 +130,12 @@ pref=$(($(zglobal pref_cpu) - pref0)) wakes=$(($(vol) - vol0))
 echo "zt_pin woke $wakes times in 5 s; select_cpu put it on its preferred CPU $pref times"
 assert_gt "cpu = 1: zt_pin woke (its duty cycle sleeps)" "$wakes" 100
 assert_ge "cpu = 1: at least half its wakeups went to the preferred CPU" "$((pref * 2))" "$wakes"
-zernel-workload reader --name zt_mlrule --secs 30 --busy-pct 30 &
+zernel-workload reader --name zt_mlrule --secs 120 --busy-pct 60 &
 mlr=$!
-zernel-workload reader --name zt_plain --secs 30 --busy-pct 30 &
+zernel-workload reader --name zt_plain --secs 120 --busy-pct 60 &
 plain=$!
 slice_is() { [ "$(ztask "$1" slice_us)" = "$2" ]; }
-wait_until 60 slice_is "$mlr" 4000
+wait_until 120 slice_is "$mlr" 4000
 assert_eq "ml = true: zt_mlrule keeps the rule's class" "$(ztask "$mlr" class)" normal
 assert_eq "ml = true: zt_mlrule is DataLoading inside it (slice 4000 us)" "$(ztask "$mlr" slice_us)" 4000
 assert_eq "no ml: zt_plain has the rule's class" "$(ztask "$plain" class)" normal

@@ -52,9 +52,11 @@ assert_gt "tasks were dispatched ($n)" "$n" 0
 check "dmesg is clean under load" dmesg_clean
 
 # ---- starvation bound ---------------------------------------------------------
-zernel-workload hog --name zt_top --threads 8 --secs 12 &
+# Long enough to outlive the measurement however slow the host (killed
+# after it): a process gone by then has no /proc/PID/stat to read.
+zernel-workload hog --name zt_top --threads 8 --secs 120 &
 top=$!
-zernel-workload hog --name zt_low --secs 12 &
+zernel-workload hog --name zt_low --secs 120 &
 low=$!
 # shellcheck disable=SC2317 # called by wait_until
 cls() { [ "$(ztask "$1" class)" = "$2" ]; }
@@ -66,6 +68,7 @@ l0=$(ticks "$low") t0=$(ticks "$top")
 sleep 5
 l1=$(ticks "$low") t1=$(ticks "$top")
 starved1=$(zcounter batch starved)
+check "both hogs were alive through the 5 s measured" sh -c "[ -n '$l0' ] && [ -n '$l1' ] && [ -n '$t0' ] && [ -n '$t1' ]"
 echo "5 s with 8 latency-class hogs on 4 CPUs: zt_top $((t1 - t0)) ticks, zt_low (batch) $((l1 - l0)) ticks; batch starved-dispatches $starved0 -> $starved1"
 assert_gt "the batch hog got CPU time under latency-class saturation" $((l1 - l0)) 10
 assert_gt "the starvation bound served batch (starved counter grew)" "$starved1" "$starved0"
@@ -80,9 +83,9 @@ kill "$top" "$low" 2>/dev/null; wait "$top" "$low" 2>/dev/null
 # wake_round : 5 s of that load; prints the normal class's wake_preempt delta.
 wake_round() {
   local h s w0
-  zernel-workload hog --name zt_hog --threads 4 --secs 8 &
+  zernel-workload hog --name zt_hog --threads 4 --secs 30 &
   h=$!
-  zernel-workload threads --count 4 --wake-ms 2 --secs 8 >/dev/null &
+  zernel-workload threads --count 4 --wake-ms 2 --secs 30 >/dev/null &
   s=$!
   sleep 1
   w0=$(zcounter normal wake_preempt)
