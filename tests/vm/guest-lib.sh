@@ -254,6 +254,36 @@ tids_by_comm() {
   return 0
 }
 
+# ---- how much a thread runs -------------------------------------------------------
+# schedstat_of PID TID : "ns_on_cpu ns_waiting" of thread TID of PID (its
+# schedstat, fields 1 and 2): the kernel's own account, which a slow host
+# does not distort as a share of wall-clock time would.
+schedstat_of() { cut -d' ' -f1,2 "/proc/$1/task/$2/schedstat"; }
+# run_pct "BEFORE" "AFTER" : the share of its runnable time the thread spent
+# on a CPU between two schedstat_of readings, in %.
+run_pct() {
+  # shellcheck disable=SC2086 # split into numbers on purpose
+  set -- $1 $2
+  echo $((($3 - $1) * 100 / ($3 - $1 + $4 - $2 + 1)))
+}
+
+# ---- a fake GPU -----------------------------------------------------------------------
+# gpu_on_node1_config FILE : writes FILE, a config whose GPU data comes from
+# /tmp/gpu.json (one idle GPU 0, written too) and which pins GPU 0 to node 1.
+gpu_on_node1_config() {
+  cat >/tmp/gpu.json <<'JSON'
+{ "devices": [ { "index": 0, "uuid": "GPU-fake-0", "pci_bus_id": "00000000:3B:00.0", "util": 0 } ] }
+JSON
+  cat >"$1" <<'TOML'
+[gpu]
+provider = "file"
+file = "/tmp/gpu.json"
+
+[topology]
+gpu_node = [{ gpu = 0, node = 1 }]
+TOML
+}
+
 # ---- kernel log --------------------------------------------------------------------
 # dmesg_new : kernel log lines logged since this case started (the whole log
 # if the mark has been overwritten: stricter rather than blind).

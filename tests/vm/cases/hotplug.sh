@@ -13,17 +13,7 @@
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
-cat >/tmp/gpu.json <<'JSON'
-{ "devices": [ { "index": 0, "uuid": "GPU-fake-0", "pci_bus_id": "00000000:3B:00.0", "util": 0 } ] }
-JSON
-cat >/tmp/hotplug.toml <<'TOML'
-[gpu]
-provider = "file"
-file = "/tmp/gpu.json"
-
-[topology]
-gpu_node = [{ gpu = 0, node = 1 }]
-TOML
+gpu_on_node1_config /tmp/hotplug.toml
 
 zernel_start /tmp/hotplug.toml || finish
 assert_eq "the kernel holds nr_nodes 2" "$(ztunable nr_nodes)" 2

@@ -20,17 +20,7 @@
 
 assert_eq "guest has node1 with CPUs 2-3" "$(cat /sys/devices/system/node/node1/cpulist)" "2-3"
 
-cat >/tmp/gpu.json <<'JSON'
-{ "devices": [ { "index": 0, "uuid": "GPU-fake-0", "pci_bus_id": "00000000:3B:00.0", "util": 0 } ] }
-JSON
-cat >/tmp/numa.toml <<'TOML'
-[gpu]
-provider = "file"
-file = "/tmp/gpu.json"
-
-[topology]
-gpu_node = [{ gpu = 0, node = 1 }]
-TOML
+gpu_on_node1_config /tmp/numa.toml
 
 zernel_start /tmp/numa.toml || finish
 assert_eq "the kernel holds nr_nodes 2" "$(ztunable nr_nodes)" 2
@@ -58,17 +48,6 @@ sample() {
   done
   echo "$_on $_tot"
 }
-# sched_of TID : "ns_on_cpu ns_waiting" of thread TID of the feeder, from
-# its schedstat (fields 1 and 2).
-sched_of() { cut -d' ' -f1,2 "/proc/$feeder/task/$1/schedstat"; }
-# run_pct "BEFORE" "AFTER" : the share of its runnable time the thread spent
-# on a CPU between two sched_of readings, in %.
-run_pct() {
-  # shellcheck disable=SC2086 # split into numbers on purpose
-  set -- $1 $2
-  _run=$(($3 - $1)) _wait=$(($4 - $2))
-  echo $((_run * 100 / (_run + _wait + 1)))
-}
 
 # Start the GPU thread on node 0 on purpose: it must move to node 1.
 CUDA_VISIBLE_DEVICES=0 taskset -c 0 zernel-workload hog --name gpu_feeder --secs 300 --threads 1 &
@@ -92,10 +71,10 @@ assert_ge "runs >= 90% of samples on node 1 ($1/$2)" $(($1 * 100)) $(($2 * 90))
 taskset -c 2-3 zernel-workload hog --name node1_hog --secs 60 --threads 4 &
 hogs=$!
 sleep 1
-s0=$(sched_of "$tid")
+s0=$(schedstat_of "$feeder" "$tid")
 # shellcheck disable=SC2046 # split into numbers on purpose
 set -- $(sample "$tid" 60)
-s1=$(sched_of "$tid")
+s1=$(schedstat_of "$feeder" "$tid")
 # 4 pinned hogs + this thread on node 1's 2 CPUs would leave it waiting 60%
 # of the time (on a CPU 40%); node 0's idle CPUs taking it lets it run.
 pct=$(run_pct "$s0" "$s1")
@@ -118,10 +97,10 @@ wait_until 10 plain_up
 ctid=$(tids_by_comm plain_hog | tail -n 1)
 sleep 0.5
 st0=$(zcounter ml starved)
-s0=$(sched_of "$tid") c0=$(cut -d' ' -f1,2 "/proc/$plain/task/$ctid/schedstat")
+s0=$(schedstat_of "$feeder" "$tid") c0=$(schedstat_of "$plain" "$ctid")
 # shellcheck disable=SC2046 # split into numbers on purpose
 set -- $(sample "$tid" 40)
-s1=$(sched_of "$tid") c1=$(cut -d' ' -f1,2 "/proc/$plain/task/$ctid/schedstat")
+s1=$(schedstat_of "$feeder" "$tid") c1=$(schedstat_of "$plain" "$ctid")
 st1=$(zcounter ml starved)
 pct=$(run_pct "$s0" "$s1") cpct=$(run_pct "$c0" "$c1")
 echo "pinned to CPU 1: $1 of $2 samples on node 1; on a CPU $pct% of its runnable time ($s0 -> $s1); control on CPU 0: $cpct% ($c0 -> $c1); ml starved $st0 -> $st1"

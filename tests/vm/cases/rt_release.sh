@@ -43,13 +43,9 @@ cpu_of() { sed 's/.*) //' "/proc/$ml/stat" | cut -d' ' -f37; }
 # for one): waiting behind the RT task shows as waiting, however slow the
 # host (a share of wall-clock time would measure the host).
 share() {
-  _secs=$1
-  # shellcheck disable=SC2046 # split into numbers on purpose
-  set -- $(cut -d' ' -f1,2 "/proc/$ml/schedstat")
-  sleep "$_secs"
-  # shellcheck disable=SC2046 # split into numbers on purpose
-  set -- "$@" $(cut -d' ' -f1,2 "/proc/$ml/schedstat")
-  echo $(( ($3 - $1) * 100 / ($3 - $1 + $4 - $2 + 1) ))
+  _s0=$(schedstat_of "$ml" "$ml")
+  sleep "$1"
+  run_pct "$_s0" "$(schedstat_of "$ml" "$ml")"
 }
 before=$(share 1)
 echo "before the RT task: zt_ml on a CPU $before% of its runnable time"
