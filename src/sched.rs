@@ -93,11 +93,11 @@ pub struct Counters {
 }
 
 /// Names of the per-class counters, in `enum zernel_class_stat` order.
-pub const CLASS_STAT_NAMES: [&str; 6] = ["enqueued", "dispatched", "direct", "preempted", "starved", "wake_preempt"];
+pub const CLASS_STAT_NAMES: [&str; bpf_intf::zernel_class_stat_ZSTAT_CLASS_NR as usize] = ["enqueued", "dispatched", "direct", "preempted", "starved", "wake_preempt"];
 /// Names of the global counters, in `enum zernel_global_stat` order.
-pub const GLOBAL_STAT_NAMES: [&str; 12] = [
+pub const GLOBAL_STAT_NAMES: [&str; bpf_intf::zernel_global_stat_ZGSTAT_NR as usize] = [
     "map_hit", "map_miss", "map_stale", "pref_cpu", "pref_node", "idle_near", "idle_far", "steal", "kick",
-    "exit_del", "tenant_dispatch", "map_expired",
+    "exit_del", "tenant_dispatch", "map_expired", "migration_disabled",
 ];
 
 impl Counters {
@@ -285,7 +285,13 @@ impl<'a> Scheduler<'a> {
         ops.exit_dump_len = load.exit_dump_len;
         // ENQ_LAST: a task alone on its CPU still passes through enqueue at
         // every slice end, so that it can move to its preferred node.
-        ops.flags = *compat::SCX_OPS_ENQ_LAST | if numa { *compat::SCX_OPS_BUILTIN_IDLE_PER_NODE } else { 0 };
+        // ENQ_MIGRATION_DISABLED: a task preempted inside migrate_disable()
+        // does too (by default the kernel puts it in its CPU's local queue,
+        // ahead of every class queue); 0 on kernels before 6.15, whose
+        // enqueue always sees such tasks.
+        ops.flags = *compat::SCX_OPS_ENQ_LAST
+            | *compat::SCX_OPS_ENQ_MIGRATION_DISABLED
+            | if numa { *compat::SCX_OPS_BUILTIN_IDLE_PER_NODE } else { 0 };
         // scx_ops_attach! attaches the struct_ops map itself (and keeps its
         // link); libbpf's skeleton attach must leave it alone, or it warns
         // that the map's skeleton link is uninitialized.

@@ -92,6 +92,8 @@ enum zernel_global_stat {
 	ZGSTAT_TENANT_DISP,	/* dispatches from tenant queues */
 	ZGSTAT_MAP_EXPIRED,	/* lookups that found an entry while the daemon's
 				 * heartbeat was older than decision_ttl: default class */
+	ZGSTAT_MIGRATION_DISABLED, /* enqueues of a task that may not migrate
+				 * (preempted inside migrate_disable()) */
 	ZGSTAT_NR,
 };
 

@@ -20,6 +20,9 @@
  *   slice end ─> zernel_enqueue again (SCX_OPS_ENQ_LAST): a task that runs
  *              alone on the wrong node moves to its node's idle CPU; any
  *              other task alone on its CPU keeps it (local queue)
+ *   preempted inside migrate_disable() ─> zernel_enqueue
+ *              (SCX_OPS_ENQ_MIGRATION_DISABLED): its own node's class
+ *              queue, never another CPU's local queue
  *   RT task takes a CPU ─> zernel_cpu_release: its local queue goes back
  *              through zernel_enqueue, to run on another CPU
  *   CPU free ─> zernel_dispatch:
@@ -461,9 +464,6 @@ static s32 find_victim(struct task_struct *p, u32 class)
 
 		if (!bpf_cpumask_test_cpu(cpu, p->cpus_ptr))
 			continue;
-		/* A task that may not migrate stays on its own CPU. */
-		if (cpu != start && is_migration_disabled(p))
-			break;
 		cctx = bpf_map_lookup_percpu_elem(&cpu_ctxs, &zero, cpu);
 		if (cctx && cctx->class > class)
 			return cpu;
@@ -525,6 +525,7 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	struct task_class *tc;
 	s32 node, cpu, idle, tenant, share;
 	u32 class;
+	bool md;
 
 	/* A wakeup's decision, looked up by select_cpu; else look it up. */
 	if (tctx && tctx->dec_state != DEC_NONE &&
@@ -539,6 +540,17 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	tenant = tenant_of(tc, class);
 	remember(tctx, class, tenant);
 	stat_cls(class, ZSTAT_ENQUEUED);
+	/*
+	 * Preempted inside migrate_disable() (SCX_OPS_ENQ_MIGRATION_DISABLED
+	 * sends such tasks here too), @p may run only on its own CPU, though
+	 * its cpumask may still show every CPU: no other CPU's local queue
+	 * (the kernel would end the scheduler), no preferred node, no idle
+	 * CPU to kick. Its own node's class queue keeps it in class order;
+	 * other CPUs skip it there.
+	 */
+	md = is_migration_disabled(p);
+	if (md)
+		stat_glob(ZGSTAT_MIGRATION_DISABLED);
 
 	/*
 	 * A wakeup preempts a CPU that runs a lower class: no waiting a whole
@@ -546,8 +558,8 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	 * queues like any other, or spinners with the flag would take every
 	 * CPU back from the tasks the starvation bound lets run.
 	 */
-	if (tc && (tc->flags & ZFLAG_PREEMPT) && (enq_flags & SCX_ENQ_WAKEUP) &&
-	    !(enq_flags & SCX_ENQ_REENQ)) {
+	if (!md && tc && (tc->flags & ZFLAG_PREEMPT) &&
+	    (enq_flags & SCX_ENQ_WAKEUP) && !(enq_flags & SCX_ENQ_REENQ)) {
 		cpu = find_victim(p, class);
 		if (cpu >= 0) {
 			scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL_ON | cpu, slice,
@@ -557,7 +569,7 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 		}
 	}
 
-	node = tc && may_run_on_node(p, tc->node) ?
+	node = !md && tc && may_run_on_node(p, tc->node) ?
 		tc->node : node_of(scx_bpf_task_cpu(p));
 
 	/*
@@ -599,7 +611,7 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	 * overloaded queue is served in order (else the tasks cut short would
 	 * go to the back of it again and again).
 	 */
-	idle = find_idle(p, node);
+	idle = md ? -1 : find_idle(p, node);
 	if (idle < 0 && wake_preempt_ns && (enq_flags & SCX_ENQ_WAKEUP) &&
 	    class < ZCLASS_BATCH && tctx &&
 	    tctx->avg_burst_ns < wake_preempt_ns &&

@@ -1,7 +1,7 @@
 //! `zernel-workload`: processes that behave like an ML training job (or
 //! like the background noise around one), for scx_zernel's tests and
 //! benchmarks. std + libc only, but for `entry` (libbpf-rs and the shared
-//! struct of intf.h).
+//! struct of intf.h) and `bpf-run` (libbpf-rs).
 //!
 //! ```text
 //! zernel-workload train --gpu-file PATH --secs S [--workers N] [--data-dir DIR]
@@ -15,6 +15,7 @@
 //! zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS]
 //!                 [--busy-pct P]
 //! zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]
+//! zernel-workload bpf-run --name NAME --secs S [--threads N]
 //! zernel-workload entry --map PATH --tid T --class N [--start-offset TICKS] [--node N]
 //! ```
 //!
@@ -68,6 +69,10 @@
 //! a second thread named NAME2 does the reading, from --start-ms on (it
 //! sleeps until then); the main thread only waits.
 //!
+//! # bpf-run
+//! N threads named NAME calling BPF_PROG_TEST_RUN, so that they spend
+//! nearly all their time with migration disabled. See bpf_run.rs.
+//!
 //! # entry
 //! Not a workload: writes one entry into the pinned task_class map, with the
 //! thread's start time plus TICKS (a stale entry unless TICKS is 0). See
@@ -82,6 +87,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+mod bpf_run;
 mod entry;
 
 const BATCH: usize = 4096;
@@ -97,6 +103,7 @@ zernel-workload threads --count N --secs S [--wake-ms MS] [--ml]\n  \
 zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]\n  \
 zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS] [--busy-pct P]\n  \
 zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]\n  \
+zernel-workload bpf-run --name NAME --secs S [--threads N]\n  \
 zernel-workload entry --map PATH --tid T --class N [--start-offset TICKS] [--node N]"
     );
     std::process::exit(2)
@@ -223,6 +230,7 @@ fn main() {
         "churn" => churn(&Opts::parse(rest, &[])),
         "reader" => reader(&Opts::parse(rest, &[])),
         "entry" => entry_cmd(&Opts::parse(rest, &[])),
+        "bpf-run" => bpf_run_cmd(&Opts::parse(rest, &[])),
         _ => usage(),
     }
 }
@@ -296,6 +304,19 @@ fn hog(o: &Opts) {
     run(if n == 1 { rename } else { None });
     for h in handles {
         let _ = h.join();
+    }
+}
+
+// -------------------------------------------------------------- bpf-run ----
+
+fn bpf_run_cmd(o: &Opts) {
+    let Some(name) = o.str("name") else { usage() };
+    match bpf_run::bpf_run(name, o.num("secs", 10), o.num("threads", 1)) {
+        Ok(calls) => println!("zernel-workload bpf-run calls {calls}"),
+        Err(e) => {
+            eprintln!("zernel-workload bpf-run: {e}");
+            std::process::exit(1);
+        }
     }
 }
 
