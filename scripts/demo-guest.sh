@@ -2,7 +2,7 @@
 # demo-guest.sh - the guest side of scripts/demo.sh (run as root in the VM).
 # shellcheck shell=sh
 set -u
-PY=$ZERNEL_PYTHON SECS=$DEMO_SECS HOGS=$DEMO_HOGS
+PY=$ZERNEL_PYTHON STEPS=$DEMO_STEPS MAXS=$DEMO_MAXS HOGS=$DEMO_HOGS
 W=/tmp/demo HOGCG=/sys/fs/cgroup/demo-hogs
 mkdir -p "$W" "$HOGCG"
 say() { printf '\n== %s\n' "$*"; }
@@ -25,18 +25,28 @@ say "starting $HOGS CPU hogs (stress-ng --cpu $HOGS) in cgroup ${HOGCG#/sys/fs/c
 sh -c "echo \$\$ >$HOGCG/cgroup.procs && exec stress-ng --cpu $HOGS --quiet --temp-path /tmp" &
 hogs=$!
 
-# measure NAME : steps per second (RATE) and the hogs' CPUs (CORES) over SECS seconds.
+# measure NAME : the time STEPS training steps take, counted from a step
+# boundary (at most MAXS s), as steps per second (RATE), and the hogs' CPUs
+# over the same time (CORES).
+steps() { cat "$W/progress"; }
 measure() {
-  s0=$(cat "$W/progress") u0=$(hog_usec) t0=$(now)
-  sleep "$SECS"
-  s1=$(cat "$W/progress") u1=$(hog_usec) t1=$(now)
+  b=$(steps) t0=$(now)
+  while [ "$(steps)" = "$b" ] && awk -v a="$t0" -v b="$(now)" -v m="$MAXS" 'BEGIN { exit !(b - a < m) }'; do
+    sleep 0.5
+  done
+  s0=$(steps) u0=$(hog_usec) t0=$(now)
+  while [ "$(steps)" -lt $((s0 + STEPS)) ] && awk -v a="$t0" -v b="$(now)" -v m="$MAXS" 'BEGIN { exit !(b - a < m) }'; do
+    sleep 0.5
+  done
+  s1=$(steps) u1=$(hog_usec) t1=$(now)
   rate=$(awk -v a="$s0" -v b="$s1" -v t="$t0" -v u="$t1" 'BEGIN { printf "%.3f", (b - a) / (u - t) }')
   cores=$(awk -v a="$u0" -v b="$u1" -v t="$t0" -v u="$t1" 'BEGIN { printf "%.2f", (b - a) / 1e6 / (u - t) }')
-  echo "$1: $((s1 - s0)) steps in $(awk -v t="$t0" -v u="$t1" 'BEGIN { printf "%.1f", u - t }') s = $rate steps/s; hogs used $cores CPUs"
+  cut=""; [ $((s1 - s0)) -lt "$STEPS" ] && cut=" (cut off at $MAXS s)"
+  echo "$1: $((s1 - s0)) steps in $(awk -v t="$t0" -v u="$t1" 'BEGIN { printf "%.1f", u - t }') s = $rate steps/s$cut; hogs used $cores CPUs"
   RATE=$rate CORES=$cores
 }
 
-say "$SECS s under the kernel's default scheduler (EEVDF)"
+say "$STEPS steps under the kernel's default scheduler (EEVDF)"
 measure "EEVDF"
 rate_eevdf=$RATE cores_eevdf=$CORES
 
@@ -51,19 +61,18 @@ until [ "$(cat /sys/kernel/sched_ext/state)" = enabled ]; do
 done
 echo "attached: $(cat /sys/kernel/sched_ext/root/ops)"
 grep "ML process" "$W/zernel.log" || true
-say "$SECS s under scx_zernel; its live view (scx_zernel --monitor 1) for the first 5 s:"
-timeout 6 scx_zernel --monitor 1 2>&1 | head -n 60 &
-mon=$!
+say "its live view (scx_zernel --monitor 1), the first 12 lines:"
+timeout 120 scx_zernel --monitor 1 2>/dev/null | head -n 12
+say "$STEPS steps under scx_zernel"
 measure "scx_zernel"
 rate_zernel=$RATE cores_zernel=$CORES
-wait "$mon" 2>/dev/null
 grep "ML process" "$W/zernel.log" | sed 's/^/  /'
 echo "what the kernel holds for the job's threads now (scx_zernel inspect --entries):"
 scx_zernel inspect --entries 2>/dev/null | head -n 12 | sed 's/^/  /'
 kill -INT "$zpid"; wait "$zpid"; zrc=$?
 kill "$hogs" "$train" 2>/dev/null; wait "$hogs" "$train" 2>/dev/null
 
-say "the same job beside $HOGS CPU hogs on $(nproc) vCPUs, $SECS s each"
+say "the same job beside $HOGS CPU hogs on $(nproc) vCPUs, $STEPS steps each"
 printf '%-12s %14s %10s %12s\n' scheduler "train steps/s" "vs EEVDF" "hogs' CPUs"
 printf '%-12s %14s %10s %12s\n' EEVDF "$rate_eevdf" 1.00 "$cores_eevdf"
 printf '%-12s %14s %10s %12s\n' scx_zernel "$rate_zernel" \

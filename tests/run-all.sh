@@ -192,7 +192,7 @@ fi
 
 # ---- the demo, short mode ---------------------------------------------------------------------
 # scripts/demo.sh end to end (one VM boot, real PyTorch, EEVDF then
-# scx_zernel, 15 s each): both rows of its table printed, exit 0. Its numbers
+# scx_zernel, 3 training steps each): both rows of its table printed, exit 0. Its numbers
 # are not judged here.
 if (( VM )) && (( UNIT )) && [ ${#SELECTED[@]} -eq 0 ]; then
   echo "=== demo: scripts/demo.sh --short"

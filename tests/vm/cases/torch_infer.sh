@@ -26,7 +26,9 @@ if ! wait_until 1200 test -s "$W/ready"; then
 fi
 "$PY" tests/workloads/pytorch/client.py --socket "$W/sock" --progress "$W/progress" >"$W/client.out" 2>&1 &
 client=$!
-if ! wait_until 120 test -s "$W/progress"; then
+# Under emulation one request takes 10 s or more (longer on a loaded host):
+# the waits are bounds on answers counted, not a rate.
+if ! wait_until 600 test -s "$W/progress"; then
   _notok "the client got a first answer" "$(tail -5 "$W/client.out" "$W/serve.out")"; finish
 fi
 _ok "serve.py answers the client's requests"
@@ -35,14 +37,14 @@ for t in /proc/"$server"/task/*; do printf ' %s(%s)' "${t##*/}" "$(cat "$t/comm"
 
 n0=$(cat "$W/progress")
 check "the server's main thread holds class ml in the kernel (policy.ml_unknown: no GPU data)" \
-  wait_until 120 ztask_is "$server" class ml
+  wait_until 300 ztask_is "$server" class ml
 zentries | sort | uniq -c
 grep "ML process" "$ZLOG"
 check "the server (pid $server) is ML by the CUDA libraries torch maps" \
   grep -q "ML process pid=$server .*evidence=[a-z_,]*gpu_library" "$ZLOG"
 check "the client (plain Python) is not ML" sh -c "! grep -q 'ML process pid=$client ' $ZLOG"
 assert_eq "the client has no entry in the kernel" "$(ztask "$client" class)" ""
-check "requests go on being answered under scx_zernel (past $n0)" wait_until 120 file_gt "$W/progress" $((n0 + 5))
+check "requests go on being answered under scx_zernel (3 more past $n0)" wait_until 600 file_gt "$W/progress" $((n0 + 2))
 echo "requests answered: $(cat "$W/progress")"
 
 kill "$client" "$server" 2>/dev/null; wait "$client" "$server" 2>/dev/null
