@@ -117,6 +117,7 @@ impl Source {
 ///   - it is owned by anyone but root and the user who ran `sudo`
 ///     (SUDO_UID): that user's own file, e.g. in a checkout, is accepted
 ///     with a warning.
+///
 /// Symlinks are followed (the file and directory judged are the target's).
 fn check_owner(path: &Path) -> Result<(), ConfigError> {
     use std::os::unix::fs::MetadataExt;

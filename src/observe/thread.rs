@@ -61,7 +61,12 @@ const QUIET_FALLBACK_FACTOR: u32 = 40;
 
 #[derive(Debug, Clone, Copy)]
 struct SchedSample {
+    /// The pass that took the sample (`sampled_at`).
     at: Instant,
+    /// When schedstat was read: deltas are taken over the time between two
+    /// reads, not between two passes' starts, which differ by the time a
+    /// pass takes to reach the thread (tens of ms on a loaded host).
+    read_at: Instant,
     cpu_ns: u64,
     runq_ns: u64,
     slices: u64,
@@ -69,7 +74,8 @@ struct SchedSample {
 
 #[derive(Debug, Clone, Copy)]
 struct DetailSample {
-    at: Instant,
+    /// When status and io were read (see `SchedSample::read_at`).
+    read_at: Instant,
     voluntary: u64,
     involuntary: u64,
     rchar: u64,
@@ -326,9 +332,11 @@ impl ThreadEntry {
             ctx.budget,
             ctx.buf,
         )?;
+        let read_at = Instant::now();
         let ss = Schedstat::from_read(ctx.buf.bytes()).map_err(|_| ReadError::Other)?;
         let cur = SchedSample {
             at: now,
+            read_at,
             cpu_ns: ss.sum_exec_runtime,
             runq_ns: ss.run_delay,
             slices: ss.pcount,
@@ -338,7 +346,7 @@ impl ThreadEntry {
             Some(p)
                 if cur.cpu_ns >= p.cpu_ns && cur.runq_ns >= p.runq_ns && cur.slices >= p.slices =>
             {
-                let interval_ns = now.saturating_duration_since(p.at).as_nanos() as u64;
+                let interval_ns = read_at.saturating_duration_since(p.read_at).as_nanos() as u64;
                 Some(ThreadDelta {
                     interval_ns,
                     // The kernel's clocks and ours drift by a tick at most:
@@ -382,8 +390,7 @@ impl ThreadEntry {
     /// Reads stat, status, io (and syscall when blocked); returns the delta
     /// of their counters since the previous detailed read.
     fn read_detail(&mut self, ctx: &mut PassCtx) -> Result<Option<DetailDelta>, ReadError> {
-        let (tgid, tid, root, budget, now) =
-            (self.view.tgid, self.view.tid, ctx.root, ctx.budget, ctx.now);
+        let (tgid, tid, root, budget) = (self.view.tgid, self.view.tid, ctx.root, ctx.budget);
         self.files
             .stat
             .read(|| task_path(root, tgid, tid, "stat"), budget, ctx.buf)?;
@@ -399,6 +406,7 @@ impl ThreadEntry {
         self.files
             .status
             .read(|| task_path(root, tgid, tid, "status"), budget, ctx.buf)?;
+        let read_at = Instant::now();
         let (voluntary, involuntary) = status_switches(ctx.buf.bytes()).ok_or(ReadError::Other)?;
 
         // io needs ptrace access; a denied read leaves the I/O counters at 0.
@@ -435,7 +443,7 @@ impl ThreadEntry {
         };
 
         let cur = DetailSample {
-            at: now,
+            read_at,
             voluntary,
             involuntary,
             rchar,
@@ -444,7 +452,7 @@ impl ThreadEntry {
         };
         let prev = self.detail.replace(cur);
         Ok(prev.map(|p| DetailDelta {
-            interval_ns: now.saturating_duration_since(p.at).as_nanos() as u64,
+            interval_ns: read_at.saturating_duration_since(p.read_at).as_nanos() as u64,
             voluntary_switches: cur.voluntary.saturating_sub(p.voluntary),
             involuntary_switches: cur.involuntary.saturating_sub(p.involuntary),
             read_bytes: cur.rchar.saturating_sub(p.rchar),
@@ -459,6 +467,45 @@ impl ThreadEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pass can reach a thread long after it started (thousands of threads,
+    /// a loaded host): the busy fraction is taken over the time between the
+    /// thread's two reads, not between the two passes' starts.
+    #[test]
+    fn a_delta_spans_the_time_between_two_reads() {
+        use crate::observe::fixture::{write_proc, write_thread, FakeProc, TempDir};
+        let dir = TempDir::new("read-at");
+        let mut p = FakeProc::new(300, 1, "python");
+        write_proc(dir.path(), &p);
+        let budget = FdBudget::new(0);
+        let mut buf = ReadBuf::default();
+        let t0 = Instant::now();
+        // The first pass started 10 s before it got to this thread; the
+        // second gets to it at once.
+        let mut ctx = PassCtx {
+            root: dir.path(),
+            budget: &budget,
+            buf: &mut buf,
+            now: t0.checked_sub(Duration::from_secs(10)).unwrap_or(t0),
+            delayacct: false,
+            active_busy_frac: 0.0,
+            quiet_interval: Duration::ZERO,
+            name_interval_max: Duration::from_secs(1),
+        };
+        let mut t = ThreadEntry::discover(300, 300, &mut ctx).unwrap();
+        t.sample(&mut ctx).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        p.threads[0].cpu_ns = 50_000_000;
+        write_thread(dir.path(), &p, &p.threads[0]);
+        ctx.now = Instant::now();
+        t.sample(&mut ctx).unwrap();
+        let elapsed = t0.elapsed().as_nanos() as u64;
+        let d = t.view.delta.expect("a delta after two samples");
+        assert!(d.interval_ns >= 50_000_000, "{} ns", d.interval_ns);
+        assert!(d.interval_ns <= elapsed, "{} ns > {elapsed} ns between the reads", d.interval_ns);
+        // Busy all along: 50 ms on a CPU in at most the time measured here.
+        assert!(d.busy_frac() >= 50e6 / elapsed as f64 - 1e-9);
+    }
 
     #[test]
     fn status_switch_counters() {

@@ -6,7 +6,8 @@
 # kernel entry on or off. Workers run throughout (zernel-workload; "reader"
 # reads /dev/zero, an in-process loader by its read rate; --busy-pct P keeps
 # each on the CPU P % of every 5 ms, ~200 voluntary switches a second):
-#   zt_rank         reader 90 %, RANK=0 (ML by a default variable): control
+#   zt_rank         reader 100 % (always runnable), RANK=0 (ML by a default
+#                   variable): control
 #   zt_env          reader 20 %, ZT_JOB=1 only
 #   zt_lib          reader 20 %, maps libzt_ml.so.1 (LD_PRELOAD)
 #   zt_coll         reader 20 %, maps libzt_coll.so.1
@@ -34,8 +35,8 @@
 #  5  loader_min_busy_frac = 0.9 (reads at the default 1 MiB/s),
 #     optimizer_min_busy_frac = 0.999: pt_data_worker is DataLoading by its
 #     reads; zt_duty (0.7; 0.6 by default, run 4) is not OptimizerStep.
-#  6  as 5 with active_busy_frac = 0.7: pt_data_worker (0.3) is not
-#     sampled in detail, so its reads are unknown: no entry; zt_rank (0.9)
+#  6  as 5 with active_busy_frac = 0.8: pt_data_worker (0.3) is not
+#     sampled in detail, so its reads are unknown: no entry; zt_rank (1.0)
 #     still is.
 #  7  proc_root = an empty directory: the daemon sees no process, no entry.
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
@@ -48,7 +49,7 @@ S=900
 lib=$(ls /opt/zernel-fake-nvml/libnvidia-ml.so.1 2>/dev/null || ls /lib/x86_64-linux-gnu/libm.so.6)
 cp "$lib" "$W/libzt_ml.so.1" && cp "$lib" "$W/libzt_coll.so.1"
 R="zernel-workload reader --secs $S"
-RANK=0 $R --name zt_rank --busy-pct 90 &
+RANK=0 $R --name zt_rank &
 p1=$!
 ZT_JOB=1 $R --name zt_env --busy-pct 20 &
 p2=$!
@@ -142,9 +143,9 @@ check "5: loader_min_read_bytes_per_sec = 1 MiB/s: pt_data_worker is DataLoading
 check "5: optimizer_min_busy_frac = 0.999: zt_duty (0.7) has no entry" none 5 zt_duty
 
 WANT="zt_rank:ml"
-run 6 90 none '[observe]' 'active_busy_frac = 0.7' '[phase]' 'loader_min_busy_frac = 0.9' || finish
-check "6: active_busy_frac = 0.7: pt_data_worker (0.3, reads unknown) has no entry" none 6 pt_data_worker
-check "6: zt_rank (0.9) is still sampled in detail: class ml" held 6 zt_rank ml
+run 6 90 none '[observe]' 'active_busy_frac = 0.8' '[phase]' 'loader_min_busy_frac = 0.9' || finish
+check "6: active_busy_frac = 0.8: pt_data_worker (0.3, reads unknown) has no entry" none 6 pt_data_worker
+check "6: zt_rank (1.0) is still sampled in detail: class ml" held 6 zt_rank ml
 
 WANT=""
 run 7 6 ml '[observe]' "proc_root = \"$W/emptyproc\"" || finish
