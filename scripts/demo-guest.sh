@@ -29,20 +29,22 @@ hogs=$!
 # boundary (at most MAXS s), as steps per second (RATE), and the hogs' CPUs
 # over the same time (CORES).
 steps() { cat "$W/progress"; }
+# wait_steps T0 N : until the step counter reaches N, or MAXS s after T0.
+wait_steps() {
+  while [ "$(steps)" -lt "$2" ] && awk -v a="$1" -v b="$(now)" -v m="$MAXS" 'BEGIN { exit !(b - a < m) }'; do
+    sleep 0.5
+  done
+}
 measure() {
-  b=$(steps) t0=$(now)
-  while [ "$(steps)" = "$b" ] && awk -v a="$t0" -v b="$(now)" -v m="$MAXS" 'BEGIN { exit !(b - a < m) }'; do
-    sleep 0.5
-  done
+  wait_steps "$(now)" $(($(steps) + 1))
   s0=$(steps) u0=$(hog_usec) t0=$(now)
-  while [ "$(steps)" -lt $((s0 + STEPS)) ] && awk -v a="$t0" -v b="$(now)" -v m="$MAXS" 'BEGIN { exit !(b - a < m) }'; do
-    sleep 0.5
-  done
+  wait_steps "$t0" $((s0 + STEPS))
   s1=$(steps) u1=$(hog_usec) t1=$(now)
+  secs=$(awk -v t="$t0" -v u="$t1" 'BEGIN { printf "%.1f", u - t }')
   rate=$(awk -v a="$s0" -v b="$s1" -v t="$t0" -v u="$t1" 'BEGIN { printf "%.3f", (b - a) / (u - t) }')
   cores=$(awk -v a="$u0" -v b="$u1" -v t="$t0" -v u="$t1" 'BEGIN { printf "%.2f", (b - a) / 1e6 / (u - t) }')
   cut=""; [ $((s1 - s0)) -lt "$STEPS" ] && cut=" (cut off at $MAXS s)"
-  echo "$1: $((s1 - s0)) steps in $(awk -v t="$t0" -v u="$t1" 'BEGIN { printf "%.1f", u - t }') s = $rate steps/s$cut; hogs used $cores CPUs"
+  echo "$1: $((s1 - s0)) steps in $secs s = $rate steps/s$cut; hogs used $cores CPUs"
   RATE=$rate CORES=$cores
 }
 

@@ -39,6 +39,6 @@ done
 scripts/setup-deps.sh >&2 || { echo "demo: scripts/setup-deps.sh failed" >&2; exit 1; }
 cargo build --release --bin scx_zernel >&2 || { echo "demo: cargo build failed" >&2; exit 1; }
 VENV=${VMRUN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel/venv}
-exec tests/vm/vmrun.sh --host-root --smp 2 --mem 4G --timeout $((2 * MAXS + 1200)) \
+exec tests/vm/vmrun.sh --host-root --smp 2 --mem 4G --timeout $((4 * MAXS + 1200)) \
   -e "ZERNEL_PYTHON=$VENV/bin/python" -e "DEMO_STEPS=$STEPS" -e "DEMO_MAXS=$MAXS" -e "DEMO_HOGS=$HOGS" \
   --add "$PWD/target/release/scx_zernel=/usr/local/bin/scx_zernel" -- sh scripts/demo-guest.sh
