@@ -12,7 +12,7 @@ hog_usec() { awk '$1 == "usage_usec" { print $2 }' "$HOGCG/cpu.stat"; }
 say "kernel $(uname -r), $(nproc) vCPUs, sched_ext state: $(cat /sys/kernel/sched_ext/state)"
 say "starting a real PyTorch training job (train.py: a CNN, DataLoader(num_workers=2)); import torch takes a minute or more under emulation"
 "$PY" tests/workloads/pytorch/train.py --workers 2 --ready "$W/ready" --progress "$W/progress" \
-  --data-dir "$W/data" >"$W/train.out" 2>&1 &
+  --step-times "$W/times" --data-dir "$W/data" >"$W/train.out" 2>&1 &
 train=$!
 n=0
 until [ -s "$W/ready" ]; do
@@ -25,10 +25,15 @@ say "starting $HOGS CPU hogs (stress-ng --cpu $HOGS) in cgroup ${HOGCG#/sys/fs/c
 sh -c "echo \$\$ >$HOGCG/cgroup.procs && exec stress-ng --cpu $HOGS --quiet --temp-path /tmp" &
 hogs=$!
 
-# measure NAME : the time STEPS training steps take, counted from a step
-# boundary (at most MAXS s), as steps per second (RATE), and the hogs' CPUs
-# over the same time (CORES).
+# measure NAME : the rate of training steps, in steps per second (RATE), on
+# the job's own clock (train.py --step-times: the time each step finished),
+# from a step boundary to at least STEPS steps later (at most MAXS s), and the
+# hogs' CPUs over the same time (CORES). This shell is served late under a
+# scheduler that favours the job, so it may see more steps than it waited
+# for; the job's own times make the rate exact whatever it counted.
 steps() { cat "$W/progress"; }
+# time_of N : the job's clock when step N finished.
+time_of() { awk -v n="$1" '$1 == n { print $2; exit }' "$W/times"; }
 # wait_steps T0 N : until the step counter reaches N, or MAXS s after T0.
 wait_steps() {
   while [ "$(steps)" -lt "$2" ] && awk -v a="$1" -v b="$(now)" -v m="$MAXS" 'BEGIN { exit !(b - a < m) }'; do
@@ -40,11 +45,12 @@ measure() {
   s0=$(steps) u0=$(hog_usec) t0=$(now)
   wait_steps "$t0" $((s0 + STEPS))
   s1=$(steps) u1=$(hog_usec) t1=$(now)
-  secs=$(awk -v t="$t0" -v u="$t1" 'BEGIN { printf "%.1f", u - t }')
-  rate=$(awk -v a="$s0" -v b="$s1" -v t="$t0" -v u="$t1" 'BEGIN { printf "%.3f", (b - a) / (u - t) }')
+  j0=$(time_of "$s0") j1=$(time_of "$s1")
+  secs=$(awk -v a="$j0" -v b="$j1" 'BEGIN { printf "%.1f", b - a }')
+  rate=$(awk -v a="$s0" -v b="$s1" -v t="$j0" -v u="$j1" 'BEGIN { if (u > t) printf "%.3f", (b - a) / (u - t); else print "0.000" }')
   cores=$(awk -v a="$u0" -v b="$u1" -v t="$t0" -v u="$t1" 'BEGIN { printf "%.2f", (b - a) / 1e6 / (u - t) }')
   cut=""; [ $((s1 - s0)) -lt "$STEPS" ] && cut=" (cut off at $MAXS s)"
-  echo "$1: $((s1 - s0)) steps in $secs s = $rate steps/s$cut; hogs used $cores CPUs"
+  echo "$1: steps $s0 to $s1 in $secs s on the job's clock = $rate steps/s$cut; hogs used $cores CPUs"
   RATE=$rate CORES=$cores
 }
 

@@ -12,7 +12,9 @@
 # default 10; --short: 3), counted from a step boundary, first under the
 # kernel's default scheduler (EEVDF), then under scx_zernel, whose live
 # `--monitor` view it shows in between, with the hogs' CPU over the same
-# time. Prints both side by side. The work is sized, not the time: a phase
+# time. Prints both side by side. The rate is measured on the job's own
+# clock (the time train.py finished each step), so a polling shell served
+# late does not stretch it. The work is sized, not the time: a phase
 # lasts as long as its steps take (at most --max-secs, default 900; a phase
 # cut off there reports the steps it made). Under emulation, absolute speeds
 # mean nothing; the ratio does.

@@ -53,6 +53,15 @@ pub fn check_kernel() -> Result<()> {
 }
 
 /// The map value for one decision.
+/// Whether this kernel re-enqueues a CPU's local queue from any BPF program
+/// (`scx_bpf_dsq_reenq`, 7.1+, or `scx_bpf_reenqueue_local___v2`, 6.19+), the
+/// same kfuncs the BPF side's `scx_bpf_reenqueue_local_from_anywhere` tries.
+fn reenqueue_from_anywhere() -> bool {
+    ["scx_bpf_dsq_reenq", "scx_bpf_reenqueue_local___v2"]
+        .iter()
+        .any(|k| compat::ksym_exists(k).unwrap_or(false))
+}
+
 fn encode(d: &Decision, start_ticks: u64) -> bpf_intf::task_class {
     bpf_intf::task_class {
         class: d.class.index(),
@@ -97,7 +106,7 @@ pub const CLASS_STAT_NAMES: [&str; bpf_intf::zernel_class_stat_ZSTAT_CLASS_NR as
 /// Names of the global counters, in `enum zernel_global_stat` order.
 pub const GLOBAL_STAT_NAMES: [&str; bpf_intf::zernel_global_stat_ZGSTAT_NR as usize] = [
     "map_hit", "map_miss", "map_stale", "pref_cpu", "pref_node", "idle_near", "idle_far", "steal", "kick",
-    "exit_del", "tenant_dispatch", "map_expired", "migration_disabled",
+    "exit_del", "tenant_dispatch", "map_expired", "migration_disabled", "cpu_taken",
 ];
 
 impl Counters {
@@ -292,6 +301,13 @@ impl<'a> Scheduler<'a> {
         ops.flags = *compat::SCX_OPS_ENQ_LAST
             | *compat::SCX_OPS_ENQ_MIGRATION_DISABLED
             | if numa { *compat::SCX_OPS_BUILTIN_IDLE_PER_NODE } else { 0 };
+        // A higher class taking a CPU: kernels that can re-enqueue a local
+        // queue from anywhere (6.19+) deprecate ops.cpu_release, so there the
+        // sched_switch hook does the hand-back instead.
+        if reenqueue_from_anywhere() {
+            ops.cpu_release = std::ptr::null_mut();
+            skel.progs.zernel_rt_takes_cpu.set_autoload(true);
+        }
         // scx_ops_attach! attaches the struct_ops map itself (and keeps its
         // link); libbpf's skeleton attach must leave it alone, or it warns
         // that the map's skeleton link is uninitialized.

@@ -94,6 +94,8 @@ enum zernel_global_stat {
 				 * heartbeat was older than decision_ttl: default class */
 	ZGSTAT_MIGRATION_DISABLED, /* enqueues of a task that may not migrate
 				 * (preempted inside migrate_disable()) */
+	ZGSTAT_CPU_TAKEN,	/* a higher class (RT, deadline) took a CPU:
+				 * its local queue was handed back */
 	ZGSTAT_NR,
 };
 

@@ -23,8 +23,9 @@
  *   preempted inside migrate_disable() ─> zernel_enqueue
  *              (SCX_OPS_ENQ_MIGRATION_DISABLED): its own node's class
  *              queue, never another CPU's local queue
- *   RT task takes a CPU ─> zernel_cpu_release: its local queue goes back
- *              through zernel_enqueue, to run on another CPU
+ *   RT task takes a CPU ─> zernel_rt_takes_cpu (sched_switch, 6.19+) or
+ *              zernel_cpu_release (older kernels): its local queue goes
+ *              back through zernel_enqueue, to run on another CPU
  *   CPU free ─> zernel_dispatch:
  *              1. any queue whose head waited > its bound (oldest first;
  *                 checked every starve_ns / 8, every dispatch while one
@@ -828,14 +829,35 @@ void BPF_STRUCT_OPS(zernel_stopping, struct task_struct *p, bool runnable)
 }
 
 /*
- * A higher sched class (an RT or deadline task) took @cpu: the tasks in its
- * local queue would wait behind it. Send them back through zernel_enqueue
- * (SCX_ENQ_REENQ), which queues them where another CPU can take them.
+ * A higher sched class (an RT or deadline task) takes a CPU: the tasks in
+ * its local queue would wait behind it. Send them back through
+ * zernel_enqueue (SCX_ENQ_REENQ), which queues them where another CPU can
+ * take them.
+ *
+ * Kernels 6.19 and later deprecate ops.cpu_release (they warn at every
+ * attach) and can re-enqueue from anywhere: there the daemon loads
+ * zernel_rt_takes_cpu, on the sched_switch tracepoint, and drops
+ * zernel_cpu_release from the ops; older kernels keep zernel_cpu_release.
+ * Either way ZGSTAT_CPU_TAKEN counts the hand-backs.
  */
+#define ZERNEL_MAX_RT_PRIO 100	/* prio below it: RT, deadline or stop class */
+
 void BPF_STRUCT_OPS(zernel_cpu_release, s32 cpu,
 		    struct scx_cpu_release_args *args)
 {
 	scx_bpf_reenqueue_local();
+	stat_glob(ZGSTAT_CPU_TAKEN);
+}
+
+SEC("?tp_btf/sched_switch")
+int BPF_PROG(zernel_rt_takes_cpu, bool preempt, struct task_struct *prev,
+	     struct task_struct *next)
+{
+	if (next->prio >= ZERNEL_MAX_RT_PRIO)
+		return 0;
+	if (!scx_bpf_reenqueue_local_from_anywhere())
+		stat_glob(ZGSTAT_CPU_TAKEN);
+	return 0;
 }
 
 s32 BPF_STRUCT_OPS(zernel_init_task, struct task_struct *p,

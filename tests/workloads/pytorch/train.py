@@ -12,7 +12,10 @@ every step ends in an all-reduce of the gradients.
 
 The work is sized: a step is one batch, whatever the machine's speed. With
 --progress FILE the number of finished steps is written there (atomically)
-after each step; --steps 0 trains until killed. --ready FILE is created once
+after each step; with --step-times FILE a line "STEP SECONDS" (the job's own
+CLOCK_MONOTONIC) is appended there after each step, so that a rate can be
+measured on the job's own clock, however late its reader looks; --steps 0
+trains until killed. --ready FILE is created once
 the first step has finished.
 """
 
@@ -95,6 +98,7 @@ def main():
     ap.add_argument("--decode-rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=0, help="0: until killed")
     ap.add_argument("--progress", help="file that holds the number of finished steps")
+    ap.add_argument("--step-times", help="file that gets a line 'STEP SECONDS' after each step")
     ap.add_argument("--ready", help="file created after the first step")
     args = ap.parse_args()
 
@@ -120,6 +124,7 @@ def main():
     suffix = f".{rank}" if world > 1 else ""
     step = 0
     t0 = time.monotonic()
+    times = open(args.step_times + suffix, "a", buffering=1) if args.step_times else None
     while not args.steps or step < args.steps:
         for x, y in loader:
             loss = F.cross_entropy(model(x), y)
@@ -129,6 +134,8 @@ def main():
             step += 1
             if args.progress:
                 write_atomic(args.progress + suffix, f"{step}\n")
+            if times:
+                times.write(f"{step} {time.monotonic():.3f}\n")
             if step == 1 and args.ready:
                 write_atomic(args.ready + suffix, f"{os.getpid()}\n")
             if args.steps and step >= args.steps:
