@@ -97,7 +97,8 @@ pub const CLASS_STAT_NAMES: [&str; bpf_intf::zernel_class_stat_ZSTAT_CLASS_NR as
 /// Names of the global counters, in `enum zernel_global_stat` order.
 pub const GLOBAL_STAT_NAMES: [&str; bpf_intf::zernel_global_stat_ZGSTAT_NR as usize] = [
     "map_hit", "map_miss", "map_stale", "pref_cpu", "pref_node", "idle_near", "idle_far", "steal", "kick",
-    "exit_del", "tenant_dispatch", "map_expired", "migration_disabled",
+    "exit_del", "tenant_dispatch", "map_expired", "migration_disabled", "inherited", "inherit_hit", "inherit_end",
+    "first_dec", "enq_before_dec",
 ];
 
 impl Counters {

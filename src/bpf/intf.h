@@ -94,6 +94,14 @@ enum zernel_global_stat {
 				 * heartbeat was older than decision_ttl: default class */
 	ZGSTAT_MIGRATION_DISABLED, /* enqueues of a task that may not migrate
 				 * (preempted inside migrate_disable()) */
+	ZGSTAT_INHERITED,	/* tasks created (fork or clone) with their
+				 * creator's decision: class, tenant, node */
+	ZGSTAT_INHERIT_HIT,	/* lookups with no entry served by an inherited decision */
+	ZGSTAT_INHERIT_END,	/* inherited decisions that ran out (decision_ttl
+				 * after the fork that started them) with no entry */
+	ZGSTAT_FIRST_DEC,	/* tasks created since attach whose enqueue first
+				 * came with a decision (entry or inherited) */
+	ZGSTAT_ENQ_BEFORE_DEC,	/* ... their enqueues with none before it */
 	ZGSTAT_NR,
 };
 

@@ -23,6 +23,9 @@
  *   preempted inside migrate_disable() ─> zernel_enqueue
  *              (SCX_OPS_ENQ_MIGRATION_DISABLED): its own node's class
  *              queue, never another CPU's local queue
+ *   fork/clone ─> zernel_init_task: the child starts with its creator's
+ *              decision (class, tenant, node), bounded by decision_ttl,
+ *              until the daemon writes its own entry (see inherit())
  *   RT task takes a CPU ─> zernel_cpu_release: its local queue goes back
  *              through zernel_enqueue, to run on another CPU
  *   CPU free ─> zernel_dispatch:
@@ -137,6 +140,17 @@ struct task_ctx {
 	u64	started_at;	/* when it last started running, 0 = not running */
 	u64	burst_ns;	/* CPU time since it last woke */
 	u64	avg_burst_ns;	/* moving average of burst_ns at each sleep */
+	/*
+	 * Inherited at creation (zernel_init_task): the creator's decision
+	 * (class, tenant, node; class slice, no preferred CPU, no preempt
+	 * flag), used while the map holds no entry for this task, until
+	 * inh_until (bpf_ktime_get_ns() time; 0 = none inherited).
+	 */
+	struct task_class inh;
+	u64	inh_until;
+	u32	enq_undecided;	/* enqueues with no decision, until the first with one */
+	bool	forked;		/* created after attach (init_task with fork) */
+	bool	decided;	/* had an enqueue with a decision */
 };
 
 struct {
@@ -187,12 +201,17 @@ static __always_inline void stat_cls(u32 class, u32 idx)
 		s->cls[class][idx]++;
 }
 
-static __always_inline void stat_glob(u32 idx)
+static __always_inline void stat_glob_add(u32 idx, u64 n)
 {
 	struct zernel_stats *s = stats_get();
 
 	if (s && idx < ZGSTAT_NR)
-		s->glob[idx]++;
+		s->glob[idx] += n;
+}
+
+static __always_inline void stat_glob(u32 idx)
+{
+	stat_glob_add(idx, 1);
 }
 
 static __always_inline u64 dsq_id(u32 node, u32 class)
@@ -228,7 +247,32 @@ static __always_inline bool decisions_expired(void)
 	return (s64)(bpf_ktime_get_ns() - heartbeat_ns) > (s64)decision_ttl_ns;
 }
 
-static struct task_class *lookup_decision(struct task_struct *p)
+/* Is @tctx's inherited decision still in force (not past its bound)? */
+static __always_inline bool inherit_live(const struct task_ctx *tctx, u64 now)
+{
+	return tctx->inh_until && (s64)(now - tctx->inh_until) < 0;
+}
+
+/*
+ * The decision @tctx's task inherited, for a lookup that found no entry:
+ * NULL when none, when the daemon is not beating, or past its bound (then
+ * it is dropped and counted once as inherit_end).
+ */
+static struct task_class *inherited(struct task_ctx *tctx)
+{
+	if (!tctx || !tctx->inh_until || decisions_expired())
+		return NULL;
+	if (!inherit_live(tctx, bpf_ktime_get_ns())) {
+		tctx->inh_until = 0;
+		stat_glob(ZGSTAT_INHERIT_END);
+		return NULL;
+	}
+	stat_glob(ZGSTAT_INHERIT_HIT);
+	return &tctx->inh;
+}
+
+static struct task_class *lookup_decision(struct task_struct *p,
+					  struct task_ctx *tctx)
 {
 	struct task_class *tc;
 	u32 tid = p->pid;
@@ -236,19 +280,41 @@ static struct task_class *lookup_decision(struct task_struct *p)
 	tc = bpf_map_lookup_elem(&task_class, &tid);
 	if (!tc) {
 		stat_glob(ZGSTAT_MAP_MISS);
-		return NULL;
+		return inherited(tctx);
 	}
 	if (tc->start_ticks != p->start_boottime / NSEC_PER_TICK) {
 		stat_glob(ZGSTAT_MAP_STALE);
-		return NULL;
+		return inherited(tctx);
 	}
 	if (decisions_expired()) {
 		stat_glob(ZGSTAT_MAP_EXPIRED);
 		return NULL;
 	}
+	/* The daemon's own decision: what was inherited is refined for good. */
+	if (tctx)
+		tctx->inh_until = 0;
 	__sync_fetch_and_add(&tc->applied, 1);
 	stat_glob(ZGSTAT_MAP_HIT);
 	return tc;
+}
+
+/*
+ * For tasks created since attach: enqueues with no decision until the
+ * first with one (counted once, when that comes). With inheritance, a child
+ * of a task with a decision has none.
+ */
+static __always_inline void note_enqueue(struct task_ctx *tctx,
+					 const struct task_class *tc)
+{
+	if (!tctx || !tctx->forked || tctx->decided)
+		return;
+	if (!tc) {
+		tctx->enq_undecided++;
+		return;
+	}
+	tctx->decided = true;
+	stat_glob(ZGSTAT_FIRST_DEC);
+	stat_glob_add(ZGSTAT_ENQ_BEFORE_DEC, tctx->enq_undecided);
 }
 
 static __always_inline u32 class_of(const struct task_class *tc)
@@ -405,7 +471,7 @@ s32 BPF_STRUCT_OPS(zernel_select_cpu, struct task_struct *p, s32 prev_cpu,
 		   u64 wake_flags)
 {
 	struct task_ctx *tctx = bpf_task_storage_get(&task_ctxs, p, 0, 0);
-	struct task_class *tc = lookup_decision(p);
+	struct task_class *tc = lookup_decision(p, tctx);
 	u32 class = class_of(tc);
 	bool is_idle = false;
 	s32 cpu = -1;
@@ -444,6 +510,7 @@ s32 BPF_STRUCT_OPS(zernel_select_cpu, struct task_struct *p, s32 prev_cpu,
 direct:
 	scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL, slice_of(tc, class), 0);
 	stat_cls(class, ZSTAT_ENQUEUED);
+	note_enqueue(tctx, tc);
 	stat_cls(class, ZSTAT_DIRECT);
 	remember(tctx, class, tenant_of(tc, class));
 	return cpu;
@@ -532,7 +599,7 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	    (enq_flags & SCX_ENQ_WAKEUP))
 		tc = tctx->dec_state == DEC_HIT ? &tctx->dec : NULL;
 	else
-		tc = lookup_decision(p);
+		tc = lookup_decision(p, tctx);
 	if (tctx)
 		tctx->dec_state = DEC_NONE;
 	class = class_of(tc);
@@ -540,6 +607,7 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	tenant = tenant_of(tc, class);
 	remember(tctx, class, tenant);
 	stat_cls(class, ZSTAT_ENQUEUED);
+	note_enqueue(tctx, tc);
 	/*
 	 * Preempted inside migrate_disable() (SCX_OPS_ENQ_MIGRATION_DISABLED
 	 * sends such tasks here too), @p may run only on its own CPU, though
@@ -838,6 +906,84 @@ void BPF_STRUCT_OPS(zernel_cpu_release, s32 cpu,
 	scx_bpf_reenqueue_local();
 }
 
+/*
+ * @t's decision now, as lookup_decision would resolve it for @t (its entry,
+ * checked against its start time; else what it inherited, within its
+ * bound; nothing while the daemon is not beating), without counting. The
+ * bound of an inherited one goes in *@until: a grandchild inherits until
+ * the same time, so a chain of forks cannot stretch it.
+ */
+static struct task_class *decision_of(struct task_struct *t, u64 now,
+				      u64 *until)
+{
+	struct task_ctx *tctx;
+	struct task_class *tc;
+	u32 tid = t->pid;
+
+	tc = bpf_map_lookup_elem(&task_class, &tid);
+	if (tc && tc->start_ticks == t->start_boottime / NSEC_PER_TICK)
+		return tc;
+	tctx = bpf_task_storage_get(&task_ctxs, t, 0, 0);
+	if (tctx && inherit_live(tctx, now)) {
+		*until = tctx->inh_until;
+		return &tctx->inh;
+	}
+	return NULL;
+}
+
+/*
+ * Fork inheritance. A task created while scx_zernel runs (@args->fork; the
+ * tasks present at attach come here without it) starts with the decision
+ * its creator holds, the current task (the thread that called fork or
+ * clone), or else its process's main thread's entry:
+ *
+ *   fork/clone ─> zernel_init_task(child): creator's entry (start time
+ *     matches) | creator's inherited decision | main thread's entry
+ *     └─ found, daemon beating: child's inh = class, tenant, node
+ *        (class slice, no CPU, no preempt flag), until
+ *        min(now + decision_ttl, the creator's own bound); counted
+ *        (inherited)
+ *   lookup with no entry ─> inh, while before inh_until (inherit_hit)
+ *   first entry the daemon writes for the child ─> replaces it for good
+ *
+ * So a DataLoader worker or a new thread of an ML process is in its class
+ * from its first enqueue, not after the daemon's next passes. A child the
+ * daemon gives no entry (a shell a trainer spawns) keeps the inherited
+ * decision at most decision_ttl after the fork that started the chain
+ * (inherit_end counts the ends): the bound that already limits how long a
+ * decision outlives the daemon's attention.
+ */
+static void inherit(struct task_ctx *tctx)
+{
+	struct task_struct *cur = bpf_get_current_task_btf();
+	u64 now = bpf_ktime_get_ns(), until = now + decision_ttl_ns;
+	struct task_struct *leader;
+	struct task_class *src;
+	u32 tid;
+
+	if (decisions_expired())
+		return;
+	src = decision_of(cur, now, &until);
+	if (!src) {
+		leader = cur->group_leader;
+		tid = BPF_CORE_READ(leader, pid);
+		src = bpf_map_lookup_elem(&task_class, &tid);
+		if (src && src->start_ticks !=
+		    BPF_CORE_READ(leader, start_boottime) / NSEC_PER_TICK)
+			src = NULL;
+	}
+	if (!src)
+		return;
+	tctx->inh.class = src->class;
+	tctx->inh.tenant = src->tenant;
+	tctx->inh.node = src->node;
+	tctx->inh.cpu = -1;
+	tctx->inh.flags = 0;
+	tctx->inh.slice_ns = 0;
+	tctx->inh_until = until;
+	stat_glob(ZGSTAT_INHERITED);
+}
+
 s32 BPF_STRUCT_OPS(zernel_init_task, struct task_struct *p,
 		   struct scx_init_task_args *args)
 {
@@ -849,6 +995,10 @@ s32 BPF_STRUCT_OPS(zernel_init_task, struct task_struct *p,
 		return -ENOMEM;
 	tctx->class = default_class;
 	tctx->tenant = -1;
+	if (args->fork) {
+		tctx->forked = true;
+		inherit(tctx);
+	}
 	return 0;
 }
 
