@@ -111,6 +111,10 @@ pub struct Metrics {
     pub first_decisions: u64,
     #[stat(desc = "Enqueues of those tasks with no decision before it")]
     pub enq_before_decision: u64,
+    #[stat(desc = "Processes marked ML by the kernel when they opened a GPU device")]
+    pub gpu_opens: u64,
+    #[stat(desc = "Lookups with no entry served by a GPU-open mark (class ml)")]
+    pub gpu_open_hits: u64,
     #[stat(desc = "Decisions the daemon holds in the task_class map")]
     pub map_entries: u64,
     #[stat(desc = "Capacity of the task_class map")]
@@ -170,6 +174,8 @@ impl Metrics {
         self.inherit_ends = c.global[i::zernel_global_stat_ZGSTAT_INHERIT_END as usize];
         self.first_decisions = c.global[i::zernel_global_stat_ZGSTAT_FIRST_DEC as usize];
         self.enq_before_decision = c.global[i::zernel_global_stat_ZGSTAT_ENQ_BEFORE_DEC as usize];
+        self.gpu_opens = c.global[i::zernel_global_stat_ZGSTAT_GPU_OPEN as usize];
+        self.gpu_open_hits = c.global[i::zernel_global_stat_ZGSTAT_GPU_HIT as usize];
     }
 
     /// What the counters counted since `prev`, an earlier snapshot of the
@@ -198,6 +204,8 @@ impl Metrics {
             inherit_ends: d(self.inherit_ends, prev.inherit_ends),
             first_decisions: d(self.first_decisions, prev.first_decisions),
             enq_before_decision: d(self.enq_before_decision, prev.enq_before_decision),
+            gpu_opens: d(self.gpu_opens, prev.gpu_opens),
+            gpu_open_hits: d(self.gpu_open_hits, prev.gpu_open_hits),
             decisions_written: d(self.decisions_written, prev.decisions_written),
             map_full: d(self.map_full, prev.map_full),
             phase_transitions: d(self.phase_transitions, prev.phase_transitions),

@@ -26,6 +26,10 @@
  *   fork/clone ─> zernel_init_task: the child starts with its creator's
  *              decision (class, tenant, node), bounded by decision_ttl,
  *              until the daemon writes its own entry (see inherit())
+ *   GPU device open ─> zernel_chrdev_open / zernel_file_open: the process
+ *              is marked ML (gpu_procs) and the daemon told (events ring
+ *              buffer) (see gpu_open())
+ *   lookup ─> entry (start time matches) | inherited | GPU-open mark | none
  *   RT task takes a CPU ─> zernel_cpu_release: its local queue goes back
  *              through zernel_enqueue, to run on another CPU
  *   CPU free ─> zernel_dispatch:
@@ -91,6 +95,35 @@ struct {
 	__type(key, u32);
 	__type(value, struct task_class);
 } task_class SEC(".maps");
+
+/*
+ * GPU device opens. gpu_majors: character majors the daemon found GPU
+ * drivers under in /proc/devices (and 195, NVIDIA's), each with the first
+ * minor that counts (DRM: 128, the render nodes). gpu_procs: processes
+ * (tgid) that opened one, with the decision their threads get while the
+ * map holds none (class ml), until the daemon has judged them (it sets
+ * ZFLAG_JUDGED: the mark stays, so that later opens by the same process
+ * send no more events). events: one record per process marked, for the
+ * daemon.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, u32);
+	__type(value, u32);
+} gpu_majors SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, u32);
+	__type(value, struct task_class);
+} gpu_procs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 64 * 1024);
+} events SEC(".maps");
 
 /* Counters, summed over CPUs by the daemon. */
 struct {
@@ -271,6 +304,42 @@ static struct task_class *inherited(struct task_ctx *tctx)
 	return &tctx->inh;
 }
 
+/* The start time of @p's process (its main thread), USER_HZ ticks. */
+static __always_inline u64 proc_start_ticks(struct task_struct *p)
+{
+	return BPF_CORE_READ(p, group_leader, start_boottime) / NSEC_PER_TICK;
+}
+
+/*
+ * The mark of @p's process if it opened a GPU device (and is the process
+ * that did: same start time), NULL otherwise or while the daemon is not
+ * beating. @count: count the use (gpu_hit).
+ */
+static struct task_class *gpu_mark(struct task_struct *p, bool count)
+{
+	struct task_class *g;
+	u32 tgid = p->tgid;
+
+	g = bpf_map_lookup_elem(&gpu_procs, &tgid);
+	if (!g || (g->flags & ZFLAG_JUDGED) ||
+	    g->start_ticks != proc_start_ticks(p) || decisions_expired())
+		return NULL;
+	if (count) {
+		__sync_fetch_and_add(&g->applied, 1);
+		stat_glob(ZGSTAT_GPU_HIT);
+	}
+	return g;
+}
+
+/* No entry for @p: what it inherited, else its process's GPU mark. */
+static struct task_class *no_entry(struct task_struct *p,
+				   struct task_ctx *tctx)
+{
+	struct task_class *tc = inherited(tctx);
+
+	return tc ? tc : gpu_mark(p, true);
+}
+
 static struct task_class *lookup_decision(struct task_struct *p,
 					  struct task_ctx *tctx)
 {
@@ -280,11 +349,11 @@ static struct task_class *lookup_decision(struct task_struct *p,
 	tc = bpf_map_lookup_elem(&task_class, &tid);
 	if (!tc) {
 		stat_glob(ZGSTAT_MAP_MISS);
-		return inherited(tctx);
+		return no_entry(p, tctx);
 	}
 	if (tc->start_ticks != p->start_boottime / NSEC_PER_TICK) {
 		stat_glob(ZGSTAT_MAP_STALE);
-		return inherited(tctx);
+		return no_entry(p, tctx);
 	}
 	if (decisions_expired()) {
 		stat_glob(ZGSTAT_MAP_EXPIRED);
@@ -909,7 +978,8 @@ void BPF_STRUCT_OPS(zernel_cpu_release, s32 cpu,
 /*
  * @t's decision now, as lookup_decision would resolve it for @t (its entry,
  * checked against its start time; else what it inherited, within its
- * bound; nothing while the daemon is not beating), without counting. The
+ * bound; else its process's GPU mark; nothing while the daemon is not
+ * beating), without counting. The
  * bound of an inherited one goes in *@until: a grandchild inherits until
  * the same time, so a chain of forks cannot stretch it.
  */
@@ -928,7 +998,7 @@ static struct task_class *decision_of(struct task_struct *t, u64 now,
 		*until = tctx->inh_until;
 		return &tctx->inh;
 	}
-	return NULL;
+	return gpu_mark(t, false);
 }
 
 /*
@@ -999,6 +1069,82 @@ s32 BPF_STRUCT_OPS(zernel_init_task, struct task_struct *p,
 		tctx->forked = true;
 		inherit(tctx);
 	}
+	return 0;
+}
+
+/*
+ * GPU device opens, on the generic open path of character devices: a
+ * process that opens a device whose major the daemon listed (minor from
+ * the first that counts) is marked ML at once, for all its threads (their
+ * next lookup with no entry gives class ml: gpu_hit), and the daemon is told
+ * through the ring buffer, once per process, so that it classifies it in
+ * its next pass instead of at its next evidence scan:
+ *
+ *   open(/dev/nvidia0) ─> chrdev_open (fentry) | file_open (BPF LSM)
+ *     └─ major in gpu_majors, minor >= its first? process not marked yet?
+ *        └─ gpu_procs[tgid] = class ml, start time;  gpu_open++
+ *           events <── {GPU_OPEN, pid, tid, major, minor, start}
+ *   daemon: event ─> the process is ML (evidence device_open) ─> its
+ *           threads' entries ─> the mark judged (no longer decides)
+ *
+ * The hook runs before the driver's open: an attempt counts even when the
+ * open then fails (no driver behind the node). With no GPU driver and no
+ * such node nothing is ever marked.
+ */
+static __always_inline void gpu_open(u32 rdev)
+{
+	struct task_struct *cur = bpf_get_current_task_btf();
+	u32 major = rdev >> 20, minor = rdev & ((1U << 20) - 1), tgid;
+	struct zernel_event *ev;
+	struct task_class mark = {
+		.class = ZCLASS_ML, .cpu = -1, .node = -1, .tenant = -1,
+	};
+	struct task_class *g;
+	u32 *first;
+
+	first = bpf_map_lookup_elem(&gpu_majors, &major);
+	if (!first || minor < *first)
+		return;
+	tgid = cur->tgid;
+	mark.start_ticks = proc_start_ticks(cur);
+	g = bpf_map_lookup_elem(&gpu_procs, &tgid);
+	if (g && g->start_ticks == mark.start_ticks)
+		return;
+	if (bpf_map_update_elem(&gpu_procs, &tgid, &mark, BPF_ANY))
+		return;
+	stat_glob(ZGSTAT_GPU_OPEN);
+	ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
+	if (!ev) {
+		stat_glob(ZGSTAT_EVENT_LOST);
+		return;
+	}
+	ev->kind = ZEV_GPU_OPEN;
+	ev->pid = tgid;
+	ev->tid = cur->pid;
+	ev->major = major;
+	ev->minor = minor;
+	ev->pad = 0;
+	ev->start_ticks = mark.start_ticks;
+	bpf_ringbuf_submit(ev, 0);
+}
+
+SEC("fentry/chrdev_open")
+int BPF_PROG(zernel_chrdev_open, struct inode *inode, struct file *filp)
+{
+	gpu_open(inode->i_rdev);
+	return 0;
+}
+
+#define ZERNEL_S_IFMT	0170000
+#define ZERNEL_S_IFCHR	0020000
+
+SEC("lsm/file_open")
+int BPF_PROG(zernel_file_open, struct file *file)
+{
+	struct inode *inode = file->f_inode;
+
+	if ((BPF_CORE_READ(inode, i_mode) & ZERNEL_S_IFMT) == ZERNEL_S_IFCHR)
+		gpu_open(BPF_CORE_READ(inode, i_rdev));
 	return 0;
 }
 

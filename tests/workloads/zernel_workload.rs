@@ -18,6 +18,7 @@
 //! zernel-workload bpf-run --name NAME --secs S [--threads N]
 //! zernel-workload fork --name NAME --secs S --when PATH [--child-name NAME2] [--thread]
 //!                 [--busy-pct P]
+//! zernel-workload open --name NAME --secs S --path DEV --when PATH [--threads N] [--busy-pct P]
 //! zernel-workload entry --map PATH --tid T --class N [--start-offset TICKS] [--node N]
 //! ```
 //!
@@ -84,6 +85,13 @@
 //! the child exists. For fork inheritance: the child's first enqueue comes
 //! before the daemon has seen it.
 //!
+//! # open
+//! N threads (default 3, the main one included) named NAME running P %
+//! (default 20) of every 5 ms; once PATH exists the main thread opens DEV
+//! (read-only) and prints `zernel-workload open DEV ok` or `... error
+//! MESSAGE`: a device node with no driver behind it (a GPU node made with
+//! mknod) fails with ENXIO, and the run goes on either way.
+//!
 //! # entry
 //! Not a workload: writes one entry into the pinned task_class map, with the
 //! thread's start time plus TICKS (a stale entry unless TICKS is 0). See
@@ -116,6 +124,7 @@ zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms M
 zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]\n  \
 zernel-workload bpf-run --name NAME --secs S [--threads N]\n  \
 zernel-workload fork --name NAME --secs S --when PATH [--child-name NAME2] [--thread] [--busy-pct P]\n  \
+zernel-workload open --name NAME --secs S --path DEV --when PATH [--threads N] [--busy-pct P]\n  \
 zernel-workload entry --map PATH --tid T --class N [--start-offset TICKS] [--node N]"
     );
     std::process::exit(2)
@@ -244,6 +253,7 @@ fn main() {
         "entry" => entry_cmd(&Opts::parse(rest, &[])),
         "bpf-run" => bpf_run_cmd(&Opts::parse(rest, &[])),
         "fork" => fork_cmd(&Opts::parse(rest, &["thread"])),
+        "open" => open_cmd(&Opts::parse(rest, &[])),
         _ => usage(),
     }
 }
@@ -372,6 +382,48 @@ fn fork_cmd(o: &Opts) {
             // SAFETY: waits for the child forked above.
             unsafe { libc::waitpid(pid, &mut status, 0) };
         }
+    }
+}
+
+// ----------------------------------------------------------------- open ----
+
+fn open_cmd(o: &Opts) {
+    let (Some(name), Some(dev), Some(when)) = (o.str("name"), o.str("path"), o.str("when")) else { usage() };
+    let until = Instant::now() + Duration::from_secs(o.num("secs", 10));
+    let pct = o.num("busy-pct", 20);
+    let burn = move |end: Instant| {
+        duty_cycle(end, pct, || {
+            spin_until(Instant::now() + Duration::from_micros(100));
+        })
+    };
+    set_name(name);
+    let handles: Vec<_> = (1..o.num("threads", 3).max(1))
+        .map(|_| {
+            let name = name.to_string();
+            std::thread::spawn(move || {
+                set_name(&name);
+                burn(until)
+            })
+        })
+        .collect();
+    let when = Path::new(when);
+    while Instant::now() < until && !when.exists() {
+        burn((Instant::now() + Duration::from_millis(10)).min(until));
+    }
+    // Held open (if it opens) until the end.
+    let _held = match File::open(dev) {
+        Ok(f) => {
+            println!("zernel-workload open {dev} ok");
+            Some(f)
+        }
+        Err(e) => {
+            println!("zernel-workload open {dev} error {e}");
+            None
+        }
+    };
+    burn(until);
+    for h in handles {
+        let _ = h.join();
     }
 }
 
