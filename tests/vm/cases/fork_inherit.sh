@@ -1,5 +1,5 @@
 #!/bin/sh
-# vm: --smp 2 --mem 1G --timeout 400
+# vm: --smp 2 --mem 1G --timeout 600
 #
 # Fork inheritance: a task created while scx_zernel runs starts with the
 # decision its creator holds (class, tenant, node), from its first enqueue,
@@ -17,7 +17,8 @@
 #      nothing inherited)
 #   D. a child the daemon gives no entry (renamed to a name no rule
 #      matches, as a shell a trainer spawns): the inherited decision ends
-#      decision_ttl_ms (3000 here) after the fork (`inherit_end` +1), and
+#      decision_ttl_ms (3000 here) after the fork (`inherit_end` +1; seen
+#      2.5-9 s after it), and
 #      no lookup is served by it afterwards (`inherit_hit` stops)
 # shellcheck disable=SC2317,SC2046 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
@@ -122,7 +123,9 @@ echo "D: child $cn: inherited +$(( $1 - i0 )), inherit_end +$(( $3 - n0 )) $(( t
 assert_eq "D: the child inherited its creator's decision" $(( $1 - i0 )) 1
 assert_eq "D: the inherited decision ended (inherit_end +1)" $(( $3 - n0 )) 1
 assert_ge "D: not before the bound (>= 2.5 s after the fork)" $(( t1 - T0 )) 250
-assert_ge "D: within the bound + 3 s" 600 $(( t1 - T0 ))
+# (seen by polling `scx_zernel inspect`, which takes a second or more under
+# emulation: the same margin as hung_daemon's)
+assert_ge "D: within the bound + 6 s" 900 $(( t1 - T0 ))
 assert_eq "D: the daemon gave the child no entry" "$(ztask "$cn" class)" ""
 sleep 1
 set -- $(g)
