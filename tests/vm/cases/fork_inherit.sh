@@ -80,6 +80,11 @@ assert_eq "A: the child inherited its creator's decision (inherited +1)" $(( $1 
 assert_eq "A: its enqueue first came with a decision (first_dec +1)" $(( $4 - f0 )) 1
 assert_eq "A: no enqueue without a decision before it (enq_before_dec +0)" $(( $5 - e0 )) 0
 assert_eq "A: then the daemon's own entry (batch)" "$(ztask "$ca" class)" batch
+# Each step's processes end before the next (under emulation, spinners left
+# running slow every later step). Only these PIDs: a bare `wait` would also
+# wait for the daemon.
+stop() { kill "$@" 2>/dev/null; for p in "$@"; do wait "$p" 2>/dev/null; done; }
+stop "$ca" "$pa"
 
 # ---- B. a thread of that process -----------------------------------------------
 spawn b zt_fp zt_fp --thread
@@ -94,6 +99,7 @@ echo "B: thread $cb: inherited +$(( $1 - i0 )), first_dec +$(( $4 - f0 )), enq_b
 assert_eq "B: the thread inherited its creator's decision (inherited +1)" $(( $1 - i0 )) 1
 assert_eq "B: its enqueue first came with a decision (first_dec +1)" $(( $4 - f0 )) 1
 assert_eq "B: no enqueue without a decision before it (enq_before_dec +0)" $(( $5 - e0 )) 0
+stop "$pb"
 
 # ---- C. control: a creator with no decision --------------------------------------
 spawn c zt_fq zt_fr
@@ -108,6 +114,7 @@ echo "C: child $cc (no decision to inherit): inherited +$(( $1 - i0 )), first_de
 assert_eq "C: nothing inherited" $(( $1 - i0 )) 0
 assert_eq "C: its first decision is the daemon's entry (first_dec +1)" $(( $4 - f0 )) 1
 assert_gt "C: it was enqueued without a decision until then (enq_before_dec > 0)" $(( $5 - e0 )) 0
+stop "$cc" "$pc"
 
 # ---- D. a child the daemon gives no entry ---------------------------------------
 spawn d zt_fp zt_fn
@@ -132,8 +139,7 @@ set -- $(g)
 assert_eq "D: no lookup served by an inherited decision since (inherit_hit +0 in 1 s)" $(( $2 - h0 )) 0
 check "D: the child still runs" alive "$cn"
 
-kill "$pa" "$pb" "$pc" "$pd" "$ca" "$cc" "$cn" 2>/dev/null
-wait 2>/dev/null
+stop "$cn" "$pd"
 zernel_stop TERM
 assert_eq "SIGTERM: exit 0" "$ZRC" 0
 check "dmesg is clean" dmesg_clean
