@@ -9,7 +9,10 @@
 //!          ─> PolicyConfig::decide ─> Decisions::diff ─> task_class map
 //!     between passes: answer stats requests; SIGHUP, or an inotify event
 //!     after which the config file differs, ends the wait, and the next pass
-//!     starts with the reload
+//!     starts with the reload; GPU device opens from the kernel's ring
+//!     buffer (drained every 20 ms, no wait) end it too: the opener is ML
+//!     in that pass, and once a pass has judged it its GPU-open mark in the
+//!     kernel no longer decides (its entries, or none, do)
 //!   SIGINT/SIGTERM ─> detach ─> exit 0;  BPF-side exit ─> UEI report ─> exit 1
 //! ```
 
@@ -230,6 +233,12 @@ impl Pipeline {
             matched: FxHashMap::default(),
             decided: Vec::new(),
         })
+    }
+
+    /// The kernel saw process `pid` open a GPU device: ML in the next pass.
+    pub fn note_gpu_open(&mut self, o: &sched::GpuOpen) {
+        let what = format!("device open {}:{} by tid {}", o.major, o.minor, o.tid);
+        self.observer.note_device_open(o.pid as i32, o.start_ticks, &what);
     }
 
     /// Takes a topology read again after CPU hotplug.
@@ -662,6 +671,9 @@ fn serve(
     let mut last_tenant_sample = Instant::now();
     let mut prev_tenant_ns = sched.counters()?.tenant_ns[..pipeline.tenants.len()].to_vec();
     let mut n: u64 = 0;
+    // GPU opens told by the kernel, with the passes since: the mark is set
+    // judged once a pass saw the process (or after 50 passes: gone).
+    let mut opens: Vec<(sched::GpuOpen, u32)> = Vec::new();
     loop {
         let started = Instant::now();
         if shutdown.load(Ordering::Relaxed) {
@@ -686,8 +698,25 @@ fn serve(
         if std::mem::take(&mut pipeline.tenants_changed) {
             sched.set_tenant_weights(&pipeline.tenants)?;
         }
+        for o in sched.gpu_opens() {
+            opens.push((o, 0));
+        }
+        for (o, passes) in &opens {
+            if *passes == 0 {
+                pipeline.note_gpu_open(o);
+            }
+        }
         tracing::debug_span!("observe").in_scope(|| pipeline.pass());
         let (written, full) = tracing::debug_span!("write").in_scope(|| decisions.apply(sched, pipeline.decisions()));
+        opens.retain_mut(|(o, passes)| {
+            *passes += 1;
+            let judged =
+                pipeline.snapshot().processes.iter().any(|p| p.pid == o.pid as i32 && p.start_ticks == o.start_ticks);
+            if judged || *passes >= 50 {
+                sched.unmark_gpu(o.pid);
+            }
+            !(judged || *passes >= 50)
+        });
         metrics.decisions_written += written;
         metrics.map_full += full;
         if full > 0 && metrics.map_full == full {
@@ -730,6 +759,11 @@ fn serve(
                 break;
             }
             sched.heartbeat();
+            let told = sched.gpu_opens();
+            if !told.is_empty() {
+                opens.extend(told.into_iter().map(|o| (o, 0)));
+                break;
+            }
             let mut woken = None;
             crossbeam::select! {
                 recv(req_ch) -> r => match r {
@@ -737,7 +771,7 @@ fn serve(
                     Err(e) => return Err(e.into()),
                 },
                 recv(triggers) -> t => woken = t.ok(),
-                default(left.min(Duration::from_millis(100))) => {}
+                default(left.min(Duration::from_millis(20))) => {}
             }
             if woken.is_some_and(|t| reloader.note(source, t)) {
                 break;

@@ -13,6 +13,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod devices;
 pub mod gpu;
 pub mod inspect;
 pub mod logging;

@@ -6,7 +6,16 @@
 //!   Decision per TID ──────────> task_class map (update only when changed)
 //!   per-CPU `stats` map ───────> Counters (summed over CPUs)
 //!   pin_dir/{task_class,stats} <── inspect (another process, read-only)
+//!   /proc/devices ─────────────> gpu_majors map (after load)
+//!   fentry chrdev_open | lsm file_open ─> events ring buffer ─> gpu_opens() (non-blocking)
 //! ```
+//!
+//! GPU device opens: of the two hooks of main.bpf.c one is loaded, fentry
+//! on chrdev_open where the kernel's BTF has that function, else BPF LSM
+//! file_open where `bpf` is among the active LSMs; with neither (or if its
+//! attach fails) one line says so and GPU processes are found by the /proc
+//! scan alone. The ring buffer is drained with `consume` (no wait) from the
+//! daemon's loop.
 //!
 //! Nothing here knows about phases or /proc: a decision is a small value and
 //! the map is keyed by TID, with the task's start time to tell a recycled TID
@@ -22,6 +31,7 @@ use scx_utils::{compat, scx_ops_attach, scx_ops_load, scx_ops_open, uei_exited, 
 
 use crate::bpf_intf;
 use crate::bpf_skel::{BpfSkel, BpfSkelBuilder};
+use crate::devices;
 use crate::config::{Class, SchedulerConfig};
 use crate::policy::Decision;
 use crate::tenants::Tenants;
@@ -106,7 +116,8 @@ pub const CLASS_STAT_NAMES: [&str; bpf_intf::zernel_class_stat_ZSTAT_CLASS_NR as
 /// Names of the global counters, in `enum zernel_global_stat` order.
 pub const GLOBAL_STAT_NAMES: [&str; bpf_intf::zernel_global_stat_ZGSTAT_NR as usize] = [
     "map_hit", "map_miss", "map_stale", "pref_cpu", "pref_node", "idle_near", "idle_far", "steal", "kick",
-    "exit_del", "tenant_dispatch", "map_expired", "migration_disabled", "cpu_taken",
+    "exit_del", "tenant_dispatch", "map_expired", "migration_disabled", "cpu_taken", "inherited", "inherit_hit",
+    "inherit_end", "first_dec", "enq_before_dec", "gpu_open", "gpu_hit", "event_lost",
 ];
 
 impl Counters {
@@ -248,8 +259,70 @@ pub enum WriteError {
     Other(String),
 }
 
+/// A GPU device open the kernel saw (the first of its process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuOpen {
+    pub pid: u32,
+    pub tid: u32,
+    pub major: u32,
+    pub minor: u32,
+    pub start_ticks: u64,
+}
+
+impl GpuOpen {
+    fn decode(b: &[u8]) -> Option<GpuOpen> {
+        let e = from_bytes::<bpf_intf::zernel_event>(b)?;
+        (e.kind == bpf_intf::zernel_event_kind_ZEV_GPU_OPEN).then_some(GpuOpen {
+            pid: e.pid,
+            tid: e.tid,
+            major: e.major,
+            minor: e.minor,
+            start_ticks: e.start_ticks,
+        })
+    }
+}
+
+/// Which hook sees GPU device opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpenHook {
+    Fentry,
+    Lsm,
+    None,
+}
+
+impl OpenHook {
+    fn detect() -> OpenHook {
+        if kernel_has_func("chrdev_open") {
+            OpenHook::Fentry
+        } else if std::fs::read_to_string("/sys/kernel/security/lsm").is_ok_and(|s| s.trim().split(',').any(|l| l == "bpf")) {
+            OpenHook::Lsm
+        } else {
+            OpenHook::None
+        }
+    }
+}
+
+/// Whether the kernel's BTF has a function `name` (an fentry target).
+fn kernel_has_func(name: &str) -> bool {
+    let Ok(c) = std::ffi::CString::new(name) else { return false };
+    // SAFETY: libbpf returns a BTF object or NULL; it is freed once.
+    unsafe {
+        let btf = libbpf_rs::libbpf_sys::btf__load_vmlinux_btf();
+        if btf.is_null() {
+            return false;
+        }
+        let id = libbpf_rs::libbpf_sys::btf__find_by_name_kind(btf, c.as_ptr(), libbpf_rs::libbpf_sys::BTF_KIND_FUNC);
+        libbpf_rs::libbpf_sys::btf__free(btf);
+        id > 0
+    }
+}
+
 /// A loaded and attached scheduler.
 pub struct Scheduler<'a> {
+    /// Dropped first: the hook, then the ring buffer, before the skeleton.
+    open_link: Option<libbpf_rs::Link>,
+    events: Option<libbpf_rs::RingBuffer<'static>>,
+    opens: crossbeam::channel::Receiver<GpuOpen>,
     skel: BpfSkel<'a>,
     link: Option<libbpf_rs::Link>,
     pin_dir: Option<PathBuf>,
@@ -290,6 +363,11 @@ impl<'a> Scheduler<'a> {
             rodata.cpu_node[cpu] = topo.cpu_node(cpu).unwrap_or(0).min(nr_nodes - 1) as i32;
         }
         skel.maps.task_class.set_max_entries(cfg.task_map_size)?;
+        let hook = OpenHook::detect();
+        skel.progs.zernel_chrdev_open.set_autoload(hook == OpenHook::Fentry);
+        skel.progs.zernel_file_open.set_autoload(hook == OpenHook::Lsm);
+        skel.progs.zernel_chrdev_open.set_autoattach(false);
+        skel.progs.zernel_file_open.set_autoattach(false);
         let ops = skel.struct_ops.zernel_ops_mut();
         ops.exit_dump_len = load.exit_dump_len;
         // ENQ_LAST: a task alone on its CPU still passes through enqueue at
@@ -317,18 +395,71 @@ impl<'a> Scheduler<'a> {
         }
 
         let skel = scx_ops_load!(skel, zernel_ops, uei)?;
-        let mut sched = Scheduler { skel, link: None, pin_dir: None, nr_tenants: tenants.len() };
+        let (tx, opens) = crossbeam::channel::unbounded();
+        let mut sched =
+            Scheduler { open_link: None, events: None, opens, skel, link: None, pin_dir: None, nr_tenants: tenants.len() };
         sched.set_tenant_weights(tenants)?;
+        for g in devices::read() {
+            sched.skel.maps.gpu_majors.update(&g.major.to_ne_bytes(), &g.first_minor.to_ne_bytes(), MapFlags::ANY)?;
+        }
+        let mut rb = libbpf_rs::RingBufferBuilder::new();
+        rb.add(&sched.skel.maps.events, move |b: &[u8]| {
+            if let Some(o) = GpuOpen::decode(b) {
+                let _ = tx.send(o);
+            }
+            0
+        })?;
+        sched.events = Some(rb.build()?);
         sched.heartbeat();
         if !cfg.pin_dir.is_empty() {
             sched.pin(Path::new(&cfg.pin_dir))?;
         }
         sched.link = Some(scx_ops_attach!(sched.skel, zernel_ops)?);
+        sched.attach_open_hook(hook);
         info!(
             "scx_zernel attached: {nr_cpus} CPUs, {nr_nodes} node(s), starvation bound {} ms, wakeup_preempt_us {}, map {} entries",
             cfg.starvation_bound_ms, cfg.wakeup_preempt_us, cfg.task_map_size
         );
         Ok(sched)
+    }
+
+    /// Attaches the GPU-open hook chosen at load; one line either way.
+    fn attach_open_hook(&mut self, hook: OpenHook) {
+        let (prog, what) = match hook {
+            OpenHook::Fentry => (&self.skel.progs.zernel_chrdev_open, "fentry on chrdev_open"),
+            OpenHook::Lsm => (&self.skel.progs.zernel_file_open, "BPF LSM file_open"),
+            OpenHook::None => {
+                info!("GPU device opens: this kernel has neither chrdev_open in its BTF nor BPF LSM; GPU processes are found by the /proc scan");
+                return;
+            }
+        };
+        match prog.attach() {
+            Ok(l) => {
+                self.open_link = Some(l);
+                info!("GPU device opens seen by {what}");
+            }
+            Err(e) => info!("GPU device opens: attaching {what} failed ({e}); GPU processes are found by the /proc scan"),
+        }
+    }
+
+    /// GPU device opens the kernel told of since the last call (no wait).
+    pub fn gpu_opens(&self) -> Vec<GpuOpen> {
+        if let Some(rb) = &self.events {
+            let _ = rb.consume();
+        }
+        self.opens.try_iter().collect()
+    }
+
+    /// Marks the GPU open of a process as judged by the daemon: its threads'
+    /// entries (or none) decide from now on; the mark stays, so that its
+    /// later opens send no more events.
+    pub fn unmark_gpu(&self, pid: u32) {
+        let map = &self.skel.maps.gpu_procs;
+        let key = pid.to_ne_bytes();
+        let Ok(Some(b)) = map.lookup(&key, MapFlags::ANY) else { return };
+        let Some(mut v) = from_bytes::<bpf_intf::task_class>(&b) else { return };
+        v.flags |= bpf_intf::zernel_task_flags_ZFLAG_JUDGED;
+        let _ = map.update(&key, as_bytes(&v), MapFlags::EXIST);
     }
 
     fn pin(&mut self, dir: &Path) -> Result<()> {

@@ -101,6 +101,20 @@ pub struct Metrics {
     pub map_misses: u64,
     #[stat(desc = "Lookups that found another task's entry (TID recycled): ignored")]
     pub map_stale: u64,
+    #[stat(desc = "Tasks created (fork or clone) with their creator's decision, before the daemon saw them")]
+    pub inherited: u64,
+    #[stat(desc = "Lookups with no entry served by an inherited decision")]
+    pub inherit_hits: u64,
+    #[stat(desc = "Inherited decisions that ran out (decision_ttl after the fork) with no entry written")]
+    pub inherit_ends: u64,
+    #[stat(desc = "Tasks created since attach whose first enqueue with a decision came (entry or inherited)")]
+    pub first_decisions: u64,
+    #[stat(desc = "Enqueues of those tasks with no decision before it")]
+    pub enq_before_decision: u64,
+    #[stat(desc = "Processes marked ML by the kernel when they opened a GPU device")]
+    pub gpu_opens: u64,
+    #[stat(desc = "Lookups with no entry served by a GPU-open mark (class ml)")]
+    pub gpu_open_hits: u64,
     #[stat(desc = "Decisions the daemon holds in the task_class map")]
     pub map_entries: u64,
     #[stat(desc = "Capacity of the task_class map")]
@@ -155,6 +169,13 @@ impl Metrics {
         self.steals = c.global[i::zernel_global_stat_ZGSTAT_STEAL as usize];
         self.map_misses = c.global[i::zernel_global_stat_ZGSTAT_MAP_MISS as usize];
         self.map_stale = c.global[i::zernel_global_stat_ZGSTAT_MAP_STALE as usize];
+        self.inherited = c.global[i::zernel_global_stat_ZGSTAT_INHERITED as usize];
+        self.inherit_hits = c.global[i::zernel_global_stat_ZGSTAT_INHERIT_HIT as usize];
+        self.inherit_ends = c.global[i::zernel_global_stat_ZGSTAT_INHERIT_END as usize];
+        self.first_decisions = c.global[i::zernel_global_stat_ZGSTAT_FIRST_DEC as usize];
+        self.enq_before_decision = c.global[i::zernel_global_stat_ZGSTAT_ENQ_BEFORE_DEC as usize];
+        self.gpu_opens = c.global[i::zernel_global_stat_ZGSTAT_GPU_OPEN as usize];
+        self.gpu_open_hits = c.global[i::zernel_global_stat_ZGSTAT_GPU_HIT as usize];
     }
 
     /// What the counters counted since `prev`, an earlier snapshot of the
@@ -178,6 +199,13 @@ impl Metrics {
             steals: d(self.steals, prev.steals),
             map_misses: d(self.map_misses, prev.map_misses),
             map_stale: d(self.map_stale, prev.map_stale),
+            inherited: d(self.inherited, prev.inherited),
+            inherit_hits: d(self.inherit_hits, prev.inherit_hits),
+            inherit_ends: d(self.inherit_ends, prev.inherit_ends),
+            first_decisions: d(self.first_decisions, prev.first_decisions),
+            enq_before_decision: d(self.enq_before_decision, prev.enq_before_decision),
+            gpu_opens: d(self.gpu_opens, prev.gpu_opens),
+            gpu_open_hits: d(self.gpu_open_hits, prev.gpu_open_hits),
             decisions_written: d(self.decisions_written, prev.decisions_written),
             map_full: d(self.map_full, prev.map_full),
             phase_transitions: d(self.phase_transitions, prev.phase_transitions),
@@ -191,7 +219,7 @@ impl Metrics {
         writeln!(
             w,
             "[zernel] enq lat/ml/nrm/bat {}/{}/{}/{} disp {}/{}/{}/{} | direct {} preempt {} wake-preempt {} starved {} steal {} | \
-             map {}/{} miss {} stale {} written {} full {}",
+             map {}/{} miss {} stale {} written {} full {} | inherited {} hit {} end {}",
             self.latency_enqueued,
             self.ml_enqueued,
             self.normal_enqueued,
@@ -211,6 +239,9 @@ impl Metrics {
             self.map_stale,
             self.decisions_written,
             self.map_full,
+            self.inherited,
+            self.inherit_hits,
+            self.inherit_ends,
         )?;
         writeln!(
             w,

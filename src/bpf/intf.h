@@ -43,6 +43,8 @@ enum zernel_class {
 /* task_class.flags */
 enum zernel_task_flags {
 	ZFLAG_PREEMPT	= 1 << 0,	/* a wakeup may preempt a lower class */
+	ZFLAG_JUDGED	= 1 << 1,	/* gpu_procs: the daemon has judged the
+					 * process; the mark no longer decides */
 };
 
 /*
@@ -96,7 +98,33 @@ enum zernel_global_stat {
 				 * (preempted inside migrate_disable()) */
 	ZGSTAT_CPU_TAKEN,	/* a higher class (RT, deadline) took a CPU:
 				 * its local queue was handed back */
+	ZGSTAT_INHERITED,	/* tasks created (fork or clone) with their
+				 * creator's decision: class, tenant, node */
+	ZGSTAT_INHERIT_HIT,	/* lookups with no entry served by an inherited decision */
+	ZGSTAT_INHERIT_END,	/* inherited decisions that ran out (decision_ttl
+				 * after the fork that started them) with no entry */
+	ZGSTAT_FIRST_DEC,	/* tasks created since attach whose enqueue first
+				 * came with a decision (entry or inherited) */
+	ZGSTAT_ENQ_BEFORE_DEC,	/* ... their enqueues with none before it */
+	ZGSTAT_GPU_OPEN,	/* processes marked ML by a GPU device open */
+	ZGSTAT_GPU_HIT,		/* lookups with no entry served by that mark (class ml) */
+	ZGSTAT_EVENT_LOST,	/* events the ring buffer had no room for */
 	ZGSTAT_NR,
+};
+
+/* Ring buffer events (the `events` map), BPF to the daemon. */
+enum zernel_event_kind {
+	ZEV_GPU_OPEN	= 1,	/* a process opened a GPU device (first time) */
+};
+
+struct zernel_event {
+	u32	kind;		/* enum zernel_event_kind */
+	u32	pid;		/* process (tgid) */
+	u32	tid;		/* the thread that opened it */
+	u32	major;		/* device numbers */
+	u32	minor;
+	u32	pad;
+	u64	start_ticks;	/* the process's start time, USER_HZ ticks */
 };
 
 /* Value of the per-CPU `stats` array map (one element). */

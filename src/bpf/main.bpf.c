@@ -23,6 +23,13 @@
  *   preempted inside migrate_disable() ─> zernel_enqueue
  *              (SCX_OPS_ENQ_MIGRATION_DISABLED): its own node's class
  *              queue, never another CPU's local queue
+ *   fork/clone ─> zernel_init_task: the child starts with its creator's
+ *              decision (class, tenant, node), bounded by decision_ttl,
+ *              until the daemon writes its own entry (see inherit())
+ *   GPU device open ─> zernel_chrdev_open / zernel_file_open: the process
+ *              is marked ML (gpu_procs) and the daemon told (events ring
+ *              buffer) (see gpu_open())
+ *   lookup ─> entry (start time matches) | inherited | GPU-open mark | none
  *   RT task takes a CPU ─> zernel_rt_takes_cpu (sched_switch, 6.19+) or
  *              zernel_cpu_release (older kernels): its local queue goes
  *              back through zernel_enqueue, to run on another CPU
@@ -90,6 +97,35 @@ struct {
 	__type(value, struct task_class);
 } task_class SEC(".maps");
 
+/*
+ * GPU device opens. gpu_majors: character majors the daemon found GPU
+ * drivers under in /proc/devices (and 195, NVIDIA's), each with the first
+ * minor that counts (DRM: 128, the render nodes). gpu_procs: processes
+ * (tgid) that opened one, with the decision their threads get while the
+ * map holds none (class ml), until the daemon has judged them (it sets
+ * ZFLAG_JUDGED: the mark stays, so that later opens by the same process
+ * send no more events). events: one record per process marked, for the
+ * daemon.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, u32);
+	__type(value, u32);
+} gpu_majors SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, u32);
+	__type(value, struct task_class);
+} gpu_procs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 64 * 1024);
+} events SEC(".maps");
+
 /* Counters, summed over CPUs by the daemon. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -138,6 +174,17 @@ struct task_ctx {
 	u64	started_at;	/* when it last started running, 0 = not running */
 	u64	burst_ns;	/* CPU time since it last woke */
 	u64	avg_burst_ns;	/* moving average of burst_ns at each sleep */
+	/*
+	 * Inherited at creation (zernel_init_task): the creator's decision
+	 * (class, tenant, node; class slice, no preferred CPU, no preempt
+	 * flag), used while the map holds no entry for this task, until
+	 * inh_until (bpf_ktime_get_ns() time; 0 = none inherited).
+	 */
+	struct task_class inh;
+	u64	inh_until;
+	u32	enq_undecided;	/* enqueues with no decision, until the first with one */
+	bool	forked;		/* created after attach (init_task with fork) */
+	bool	decided;	/* had an enqueue with a decision */
 };
 
 struct {
@@ -188,12 +235,17 @@ static __always_inline void stat_cls(u32 class, u32 idx)
 		s->cls[class][idx]++;
 }
 
-static __always_inline void stat_glob(u32 idx)
+static __always_inline void stat_glob_add(u32 idx, u64 n)
 {
 	struct zernel_stats *s = stats_get();
 
 	if (s && idx < ZGSTAT_NR)
-		s->glob[idx]++;
+		s->glob[idx] += n;
+}
+
+static __always_inline void stat_glob(u32 idx)
+{
+	stat_glob_add(idx, 1);
 }
 
 static __always_inline u64 dsq_id(u32 node, u32 class)
@@ -229,7 +281,68 @@ static __always_inline bool decisions_expired(void)
 	return (s64)(bpf_ktime_get_ns() - heartbeat_ns) > (s64)decision_ttl_ns;
 }
 
-static struct task_class *lookup_decision(struct task_struct *p)
+/* Is @tctx's inherited decision still in force (not past its bound)? */
+static __always_inline bool inherit_live(const struct task_ctx *tctx, u64 now)
+{
+	return tctx->inh_until && (s64)(now - tctx->inh_until) < 0;
+}
+
+/*
+ * The decision @tctx's task inherited, for a lookup that found no entry:
+ * NULL when none, when the daemon is not beating, or past its bound (then
+ * it is dropped and counted once as inherit_end).
+ */
+static struct task_class *inherited(struct task_ctx *tctx)
+{
+	if (!tctx || !tctx->inh_until || decisions_expired())
+		return NULL;
+	if (!inherit_live(tctx, bpf_ktime_get_ns())) {
+		tctx->inh_until = 0;
+		stat_glob(ZGSTAT_INHERIT_END);
+		return NULL;
+	}
+	stat_glob(ZGSTAT_INHERIT_HIT);
+	return &tctx->inh;
+}
+
+/* The start time of @p's process (its main thread), USER_HZ ticks. */
+static __always_inline u64 proc_start_ticks(struct task_struct *p)
+{
+	return BPF_CORE_READ(p, group_leader, start_boottime) / NSEC_PER_TICK;
+}
+
+/*
+ * The mark of @p's process if it opened a GPU device (and is the process
+ * that did: same start time), NULL otherwise or while the daemon is not
+ * beating. @count: count the use (gpu_hit).
+ */
+static struct task_class *gpu_mark(struct task_struct *p, bool count)
+{
+	struct task_class *g;
+	u32 tgid = p->tgid;
+
+	g = bpf_map_lookup_elem(&gpu_procs, &tgid);
+	if (!g || (g->flags & ZFLAG_JUDGED) ||
+	    g->start_ticks != proc_start_ticks(p) || decisions_expired())
+		return NULL;
+	if (count) {
+		__sync_fetch_and_add(&g->applied, 1);
+		stat_glob(ZGSTAT_GPU_HIT);
+	}
+	return g;
+}
+
+/* No entry for @p: what it inherited, else its process's GPU mark. */
+static struct task_class *no_entry(struct task_struct *p,
+				   struct task_ctx *tctx)
+{
+	struct task_class *tc = inherited(tctx);
+
+	return tc ? tc : gpu_mark(p, true);
+}
+
+static struct task_class *lookup_decision(struct task_struct *p,
+					  struct task_ctx *tctx)
 {
 	struct task_class *tc;
 	u32 tid = p->pid;
@@ -237,19 +350,41 @@ static struct task_class *lookup_decision(struct task_struct *p)
 	tc = bpf_map_lookup_elem(&task_class, &tid);
 	if (!tc) {
 		stat_glob(ZGSTAT_MAP_MISS);
-		return NULL;
+		return no_entry(p, tctx);
 	}
 	if (tc->start_ticks != p->start_boottime / NSEC_PER_TICK) {
 		stat_glob(ZGSTAT_MAP_STALE);
-		return NULL;
+		return no_entry(p, tctx);
 	}
 	if (decisions_expired()) {
 		stat_glob(ZGSTAT_MAP_EXPIRED);
 		return NULL;
 	}
+	/* The daemon's own decision: what was inherited is refined for good. */
+	if (tctx)
+		tctx->inh_until = 0;
 	__sync_fetch_and_add(&tc->applied, 1);
 	stat_glob(ZGSTAT_MAP_HIT);
 	return tc;
+}
+
+/*
+ * For tasks created since attach: enqueues with no decision until the
+ * first with one (counted once, when that comes). With inheritance, a child
+ * of a task with a decision has none.
+ */
+static __always_inline void note_enqueue(struct task_ctx *tctx,
+					 const struct task_class *tc)
+{
+	if (!tctx || !tctx->forked || tctx->decided)
+		return;
+	if (!tc) {
+		tctx->enq_undecided++;
+		return;
+	}
+	tctx->decided = true;
+	stat_glob(ZGSTAT_FIRST_DEC);
+	stat_glob_add(ZGSTAT_ENQ_BEFORE_DEC, tctx->enq_undecided);
 }
 
 static __always_inline u32 class_of(const struct task_class *tc)
@@ -406,7 +541,7 @@ s32 BPF_STRUCT_OPS(zernel_select_cpu, struct task_struct *p, s32 prev_cpu,
 		   u64 wake_flags)
 {
 	struct task_ctx *tctx = bpf_task_storage_get(&task_ctxs, p, 0, 0);
-	struct task_class *tc = lookup_decision(p);
+	struct task_class *tc = lookup_decision(p, tctx);
 	u32 class = class_of(tc);
 	bool is_idle = false;
 	s32 cpu = -1;
@@ -445,6 +580,7 @@ s32 BPF_STRUCT_OPS(zernel_select_cpu, struct task_struct *p, s32 prev_cpu,
 direct:
 	scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL, slice_of(tc, class), 0);
 	stat_cls(class, ZSTAT_ENQUEUED);
+	note_enqueue(tctx, tc);
 	stat_cls(class, ZSTAT_DIRECT);
 	remember(tctx, class, tenant_of(tc, class));
 	return cpu;
@@ -533,7 +669,7 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	    (enq_flags & SCX_ENQ_WAKEUP))
 		tc = tctx->dec_state == DEC_HIT ? &tctx->dec : NULL;
 	else
-		tc = lookup_decision(p);
+		tc = lookup_decision(p, tctx);
 	if (tctx)
 		tctx->dec_state = DEC_NONE;
 	class = class_of(tc);
@@ -541,6 +677,7 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	tenant = tenant_of(tc, class);
 	remember(tctx, class, tenant);
 	stat_cls(class, ZSTAT_ENQUEUED);
+	note_enqueue(tctx, tc);
 	/*
 	 * Preempted inside migrate_disable() (SCX_OPS_ENQ_MIGRATION_DISABLED
 	 * sends such tasks here too), @p may run only on its own CPU, though
@@ -860,6 +997,85 @@ int BPF_PROG(zernel_rt_takes_cpu, bool preempt, struct task_struct *prev,
 	return 0;
 }
 
+/*
+ * @t's decision now, as lookup_decision would resolve it for @t (its entry,
+ * checked against its start time; else what it inherited, within its
+ * bound; else its process's GPU mark; nothing while the daemon is not
+ * beating), without counting. The
+ * bound of an inherited one goes in *@until: a grandchild inherits until
+ * the same time, so a chain of forks cannot stretch it.
+ */
+static struct task_class *decision_of(struct task_struct *t, u64 now,
+				      u64 *until)
+{
+	struct task_ctx *tctx;
+	struct task_class *tc;
+	u32 tid = t->pid;
+
+	tc = bpf_map_lookup_elem(&task_class, &tid);
+	if (tc && tc->start_ticks == t->start_boottime / NSEC_PER_TICK)
+		return tc;
+	tctx = bpf_task_storage_get(&task_ctxs, t, 0, 0);
+	if (tctx && inherit_live(tctx, now)) {
+		*until = tctx->inh_until;
+		return &tctx->inh;
+	}
+	return gpu_mark(t, false);
+}
+
+/*
+ * Fork inheritance. A task created while scx_zernel runs (@args->fork; the
+ * tasks present at attach come here without it) starts with the decision
+ * its creator holds, the current task (the thread that called fork or
+ * clone), or else its process's main thread's entry:
+ *
+ *   fork/clone ─> zernel_init_task(child): creator's entry (start time
+ *     matches) | creator's inherited decision | main thread's entry
+ *     └─ found, daemon beating: child's inh = class, tenant, node
+ *        (class slice, no CPU, no preempt flag), until
+ *        min(now + decision_ttl, the creator's own bound); counted
+ *        (inherited)
+ *   lookup with no entry ─> inh, while before inh_until (inherit_hit)
+ *   first entry the daemon writes for the child ─> replaces it for good
+ *
+ * So a DataLoader worker or a new thread of an ML process is in its class
+ * from its first enqueue, not after the daemon's next passes. A child the
+ * daemon gives no entry (a shell a trainer spawns) keeps the inherited
+ * decision at most decision_ttl after the fork that started the chain
+ * (inherit_end counts the ends): the bound that already limits how long a
+ * decision outlives the daemon's attention.
+ */
+static void inherit(struct task_ctx *tctx)
+{
+	struct task_struct *cur = bpf_get_current_task_btf();
+	u64 now = bpf_ktime_get_ns(), until = now + decision_ttl_ns;
+	struct task_struct *leader;
+	struct task_class *src;
+	u32 tid;
+
+	if (decisions_expired())
+		return;
+	src = decision_of(cur, now, &until);
+	if (!src) {
+		leader = cur->group_leader;
+		tid = BPF_CORE_READ(leader, pid);
+		src = bpf_map_lookup_elem(&task_class, &tid);
+		if (src && src->start_ticks !=
+		    BPF_CORE_READ(leader, start_boottime) / NSEC_PER_TICK)
+			src = NULL;
+	}
+	if (!src)
+		return;
+	tctx->inh.class = src->class;
+	tctx->inh.tenant = src->tenant;
+	tctx->inh.node = src->node;
+	tctx->inh.cpu = -1;
+	tctx->inh.flags = 0;
+	tctx->inh.slice_ns = 0;
+	tctx->inh_until = until;
+	stat_glob(ZGSTAT_INHERITED);
+}
+
 s32 BPF_STRUCT_OPS(zernel_init_task, struct task_struct *p,
 		   struct scx_init_task_args *args)
 {
@@ -871,6 +1087,86 @@ s32 BPF_STRUCT_OPS(zernel_init_task, struct task_struct *p,
 		return -ENOMEM;
 	tctx->class = default_class;
 	tctx->tenant = -1;
+	if (args->fork) {
+		tctx->forked = true;
+		inherit(tctx);
+	}
+	return 0;
+}
+
+/*
+ * GPU device opens, on the generic open path of character devices: a
+ * process that opens a device whose major the daemon listed (minor from
+ * the first that counts) is marked ML at once, for all its threads (their
+ * next lookup with no entry gives class ml: gpu_hit), and the daemon is told
+ * through the ring buffer, once per process, so that it classifies it in
+ * its next pass instead of at its next evidence scan:
+ *
+ *   open(/dev/nvidia0) ─> chrdev_open (fentry) | file_open (BPF LSM)
+ *     └─ major in gpu_majors, minor >= its first? process not marked yet?
+ *        └─ gpu_procs[tgid] = class ml, start time;  gpu_open++
+ *           events <── {GPU_OPEN, pid, tid, major, minor, start}
+ *   daemon: event ─> the process is ML (evidence device_open) ─> its
+ *           threads' entries ─> the mark judged (no longer decides)
+ *
+ * The hook runs before the driver's open: an attempt counts even when the
+ * open then fails (no driver behind the node). With no GPU driver and no
+ * such node nothing is ever marked.
+ */
+static __always_inline void gpu_open(u32 rdev)
+{
+	struct task_struct *cur = bpf_get_current_task_btf();
+	u32 major = rdev >> 20, minor = rdev & ((1U << 20) - 1), tgid;
+	struct zernel_event *ev;
+	struct task_class mark = {
+		.class = ZCLASS_ML, .cpu = -1, .node = -1, .tenant = -1,
+	};
+	struct task_class *g;
+	u32 *first;
+
+	first = bpf_map_lookup_elem(&gpu_majors, &major);
+	if (!first || minor < *first)
+		return;
+	tgid = cur->tgid;
+	mark.start_ticks = proc_start_ticks(cur);
+	g = bpf_map_lookup_elem(&gpu_procs, &tgid);
+	if (g && g->start_ticks == mark.start_ticks)
+		return;
+	if (bpf_map_update_elem(&gpu_procs, &tgid, &mark, BPF_ANY))
+		return;
+	stat_glob(ZGSTAT_GPU_OPEN);
+	ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
+	if (!ev) {
+		stat_glob(ZGSTAT_EVENT_LOST);
+		return;
+	}
+	ev->kind = ZEV_GPU_OPEN;
+	ev->pid = tgid;
+	ev->tid = cur->pid;
+	ev->major = major;
+	ev->minor = minor;
+	ev->pad = 0;
+	ev->start_ticks = mark.start_ticks;
+	bpf_ringbuf_submit(ev, 0);
+}
+
+SEC("fentry/chrdev_open")
+int BPF_PROG(zernel_chrdev_open, struct inode *inode, struct file *filp)
+{
+	gpu_open(inode->i_rdev);
+	return 0;
+}
+
+#define ZERNEL_S_IFMT	0170000
+#define ZERNEL_S_IFCHR	0020000
+
+SEC("lsm/file_open")
+int BPF_PROG(zernel_file_open, struct file *file)
+{
+	struct inode *inode = file->f_inode;
+
+	if ((BPF_CORE_READ(inode, i_mode) & ZERNEL_S_IFMT) == ZERNEL_S_IFCHR)
+		gpu_open(BPF_CORE_READ(inode, i_rdev));
 	return 0;
 }
 

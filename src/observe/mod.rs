@@ -70,7 +70,9 @@
 //! A process is ML when it has evidence of its own (evidence.rs), when the
 //! GPU provider lists it as a GPU user, when an ancestor within
 //! `ml_inherit_depth` generations is ML (DataLoader workers are children of
-//! the trainer), or when the rules engine forces it with
+//! the trainer), when the kernel saw it open a GPU device
+//! ([`Observer::note_device_open`], from the BPF side's ring buffer: at
+//! once, with no fd or maps scan), or when the rules engine forces it with
 //! [`Observer::set_forced_ml`] (which wins, both ways). Evidence is cached
 //! per process incarnation (pid + start time) and re-evaluated after an exec
 //! (exe or cmdline change) or a rename. A child of an ML process is a DataLoader process
@@ -152,6 +154,9 @@ pub struct Observer {
     active_busy_frac: f64,
     inherit_depth: u32,
     warned_root: bool,
+    /// Device opens told for processes not discovered yet: pid -> (start
+    /// time, description, when told); applied at discovery.
+    opens_pending: HashMap<i32, (u64, Arc<str>, Instant)>,
 }
 
 /// Result of classifying one process.
@@ -192,6 +197,7 @@ impl Observer {
             active_busy_frac: cfg.active_busy_frac,
             inherit_depth: cfg.ml_inherit_depth,
             warned_root: false,
+            opens_pending: HashMap::new(),
         }
     }
 
@@ -214,6 +220,21 @@ impl Observer {
                 true
             }
             None => false,
+        }
+    }
+
+    /// The kernel saw process `pid` (started at `start_ticks`) open a GPU
+    /// device: it is ML from the next [`poll`](Self::poll) on (evidence
+    /// `device_open`, described by `what`), until it exits or execs. A pid
+    /// not discovered yet gets it at discovery, if that comes within a
+    /// rescan interval and its start time matches.
+    pub fn note_device_open(&mut self, pid: i32, start_ticks: u64, what: &str) {
+        match self.procs.get_mut(&pid) {
+            Some(p) if p.view.start_ticks == start_ticks => p.device_open = Some(Arc::from(what)),
+            Some(_) => {}
+            None => {
+                self.opens_pending.insert(pid, (start_ticks, Arc::from(what), Instant::now()));
+            }
         }
     }
 
@@ -339,6 +360,16 @@ impl Observer {
                 procs.insert(pid, p);
             }
         }
+        let rescan = self.rescan_interval;
+        self.opens_pending.retain(|pid, (start, what, told)| match procs.get_mut(pid) {
+            Some(p) => {
+                if p.view.start_ticks == *start {
+                    p.device_open = Some(what.clone());
+                }
+                false
+            }
+            None => start_time_young(*told, rescan),
+        });
 
         let newly_ml = classify(procs, gpu, self.inherit_depth);
         // Baseline samples for threads of processes that just became ML, so
@@ -395,6 +426,11 @@ impl Observer {
         snap.pass_ns = start.elapsed().as_nanos() as u64;
         &self.snap
     }
+}
+
+/// Whether a pending note told at `told` may still wait for its process.
+fn start_time_young(told: Instant, rescan: Duration) -> bool {
+    told.elapsed() < rescan.max(Duration::from_secs(1))
 }
 
 /// Decides ML, evidence, DataLoader status and roles for every process.

@@ -81,6 +81,9 @@ pub struct ProcEntry {
     scan_found: Found,
     /// Set by the rules engine: Some(true) ML, Some(false) never ML.
     pub forced: Option<bool>,
+    /// The kernel saw this program open a GPU device: its description
+    /// (e.g. "device open 195:0"); cleared by an exec.
+    pub device_open: Option<Arc<str>>,
     stat: ProcFile,
     /// /proc/<pid>/stat, read instead of `stat` while the process is ML.
     group_stat: ProcFile,
@@ -138,11 +141,14 @@ const QUIET_LEAK_DIV: u64 = 20;
 impl ProcEntry {
     /// Own evidence (environment, fds, maps), without inheritance.
     pub fn own_evidence(&self) -> (MlEvidence, Option<&str>) {
-        let ev = self.env_found.evidence | self.scan_found.evidence;
+        let mut ev = self.env_found.evidence | self.scan_found.evidence;
+        if self.device_open.is_some() {
+            ev |= MlEvidence::DEVICE_OPEN;
+        }
         let detail = self
-            .env_found
-            .detail
+            .device_open
             .as_deref()
+            .or(self.env_found.detail.as_deref())
             .or(self.scan_found.detail.as_deref());
         (ev, detail)
     }
@@ -183,6 +189,7 @@ impl ProcEntry {
             env_found: Found::default(),
             scan_found: Found::default(),
             forced: None,
+            device_open: None,
             stat,
             group_stat: ProcFile::default(),
             group_cpu_ns: None,
@@ -378,6 +385,7 @@ impl ProcEntry {
             if exe_changed {
                 self.view.changes |= Changes::EXEC;
                 self.forced = None;
+                self.device_open = None;
                 self.relist = true;
             }
             self.read_identity(ctx);

@@ -460,6 +460,36 @@ fn vanishing_pids_threads_and_garbage() {
 }
 
 #[test]
+fn a_device_open_told_by_the_kernel_makes_a_process_ml() {
+    let dir = TempDir::new("observe-devopen");
+    let root = dir.path();
+    let mut p = FakeProc::new(30, 1, "job");
+    write_proc(root, &p);
+    let mut o = observer(root);
+    assert!(!proc_of(&poll(&mut o), 30).ml);
+    // Another incarnation's start time: ignored.
+    o.note_device_open(30, p.start + 1, "device open 195:0 by tid 30");
+    assert!(!proc_of(&poll(&mut o), 30).ml);
+    o.note_device_open(30, p.start, "device open 195:0 by tid 30");
+    let s = poll(&mut o);
+    let v = proc_of(&s, 30);
+    assert!(v.ml && v.evidence.contains(MlEvidence::DEVICE_OPEN), "{}", v.evidence);
+    assert_eq!(v.evidence.to_string(), "device_open");
+    assert_eq!(v.evidence_detail.as_ref(), "device open 195:0 by tid 30");
+    assert!(thread_of(&s, 30).ml);
+    // Told before the observer has seen the process: applied at discovery.
+    let q = FakeProc::new(31, 1, "late");
+    o.note_device_open(31, q.start, "device open 226:128 by tid 31");
+    write_proc(root, &q);
+    assert!(proc_of(&poll(&mut o), 31).ml);
+    // An exec: another program, which opened nothing.
+    p.exe = "/usr/bin/other".into();
+    write_proc(root, &p);
+    let s = poll(&mut o);
+    assert!(!proc_of(&s, 30).ml, "{}", proc_of(&s, 30).evidence);
+}
+
+#[test]
 fn pid_reuse_is_a_new_process() {
     let dir = TempDir::new("observe-reuse");
     let root = dir.path();

@@ -161,8 +161,11 @@ impl MlEvidence {
     pub const PARENT: MlEvidence = MlEvidence(1 << 7);
     /// Forced by [`crate::observe::Observer::set_forced_ml`] (rules engine).
     pub const FORCED: MlEvidence = MlEvidence(1 << 8);
+    /// The kernel saw the process open a GPU device (a ring buffer event of
+    /// the BPF side), even one whose fd is gone or whose open failed.
+    pub const DEVICE_OPEN: MlEvidence = MlEvidence(1 << 9);
 
-    const NAMES: [(MlEvidence, &'static str); 9] = [
+    const NAMES: [(MlEvidence, &'static str); 10] = [
         (Self::DEVICE_FD, "device_fd"),
         (Self::DEVICE_MAP, "device_map"),
         (Self::GPU_LIBRARY, "gpu_library"),
@@ -172,6 +175,7 @@ impl MlEvidence {
         (Self::GPU_PROCESS, "gpu_process"),
         (Self::PARENT, "parent"),
         (Self::FORCED, "forced"),
+        (Self::DEVICE_OPEN, "device_open"),
     ];
 
     pub const NONE: MlEvidence = MlEvidence(0);

@@ -16,6 +16,9 @@
 //!                 [--busy-pct P]
 //! zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]
 //! zernel-workload bpf-run --name NAME --secs S [--threads N]
+//! zernel-workload fork --name NAME --secs S --when PATH [--child-name NAME2] [--thread]
+//!                 [--busy-pct P]
+//! zernel-workload open --name NAME --secs S --path DEV --when PATH [--threads N] [--busy-pct P]
 //! zernel-workload entry --map PATH --tid T --class N [--start-offset TICKS] [--node N]
 //! ```
 //!
@@ -73,6 +76,22 @@
 //! N threads named NAME calling BPF_PROG_TEST_RUN, so that they spend
 //! nearly all their time with migration disabled. See bpf_run.rs.
 //!
+//! # fork
+//! One thread named NAME that runs P % (default 20) of every 5 ms until
+//! PATH exists (checked every 10 ms), then creates one child: a process
+//! (fork), or with --thread a thread. The child names itself NAME2 (default:
+//! NAME) as the first thing it does and runs the same duty cycle; the
+//! parent goes on with it. Prints `zernel-workload fork child TID` once
+//! the child exists. For fork inheritance: the child's first enqueue comes
+//! before the daemon has seen it.
+//!
+//! # open
+//! N threads (default 3, the main one included) named NAME running P %
+//! (default 20) of every 5 ms; once PATH exists the main thread opens DEV
+//! (read-only) and prints `zernel-workload open DEV ok` or `... error
+//! MESSAGE`: a device node with no driver behind it (a GPU node made with
+//! mknod) fails with ENXIO, and the run goes on either way.
+//!
 //! # entry
 //! Not a workload: writes one entry into the pinned task_class map, with the
 //! thread's start time plus TICKS (a stale entry unless TICKS is 0). See
@@ -104,6 +123,8 @@ zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]\n  \
 zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS] [--busy-pct P]\n  \
 zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]\n  \
 zernel-workload bpf-run --name NAME --secs S [--threads N]\n  \
+zernel-workload fork --name NAME --secs S --when PATH [--child-name NAME2] [--thread] [--busy-pct P]\n  \
+zernel-workload open --name NAME --secs S --path DEV --when PATH [--threads N] [--busy-pct P]\n  \
 zernel-workload entry --map PATH --tid T --class N [--start-offset TICKS] [--node N]"
     );
     std::process::exit(2)
@@ -231,6 +252,8 @@ fn main() {
         "reader" => reader(&Opts::parse(rest, &[])),
         "entry" => entry_cmd(&Opts::parse(rest, &[])),
         "bpf-run" => bpf_run_cmd(&Opts::parse(rest, &[])),
+        "fork" => fork_cmd(&Opts::parse(rest, &["thread"])),
+        "open" => open_cmd(&Opts::parse(rest, &[])),
         _ => usage(),
     }
 }
@@ -302,6 +325,103 @@ fn hog(o: &Opts) {
         })
         .collect();
     run(if n == 1 { rename } else { None });
+    for h in handles {
+        let _ = h.join();
+    }
+}
+
+// ----------------------------------------------------------------- fork ----
+
+fn fork_cmd(o: &Opts) {
+    let (Some(name), Some(when)) = (o.str("name"), o.str("when")) else { usage() };
+    let child_name = o.str("child-name").unwrap_or(name).to_string();
+    let until = Instant::now() + Duration::from_secs(o.num("secs", 10));
+    let pct = o.num("busy-pct", 20);
+    let burn = move |end: Instant| {
+        duty_cycle(end, pct, || {
+            spin_until(Instant::now() + Duration::from_micros(100));
+        })
+    };
+    set_name(name);
+    let when = Path::new(when);
+    while Instant::now() < until && !when.exists() {
+        burn((Instant::now() + Duration::from_millis(10)).min(until));
+    }
+    if o.flag("thread") {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = std::thread::spawn(move || {
+            set_name(&child_name);
+            // SAFETY: gettid has no arguments and cannot fail.
+            let _ = tx.send(unsafe { libc::gettid() });
+            burn(until);
+        });
+        if let Ok(tid) = rx.recv() {
+            println!("zernel-workload fork child {tid}");
+        }
+        burn(until);
+        let _ = h.join();
+        return;
+    }
+    // SAFETY: this process has one thread: the child may run anything.
+    match unsafe { libc::fork() } {
+        -1 => {
+            eprintln!("zernel-workload fork: {}", std::io::Error::last_os_error());
+            std::process::exit(1);
+        }
+        0 => {
+            set_name(&child_name);
+            burn(until);
+            // SAFETY: ends the child without running the parent's exit handlers.
+            unsafe { libc::_exit(0) }
+        }
+        pid => {
+            println!("zernel-workload fork child {pid}");
+            let _ = std::io::stdout().flush();
+            burn(until);
+            let mut status = 0;
+            // SAFETY: waits for the child forked above.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+        }
+    }
+}
+
+// ----------------------------------------------------------------- open ----
+
+fn open_cmd(o: &Opts) {
+    let (Some(name), Some(dev), Some(when)) = (o.str("name"), o.str("path"), o.str("when")) else { usage() };
+    let until = Instant::now() + Duration::from_secs(o.num("secs", 10));
+    let pct = o.num("busy-pct", 20);
+    let burn = move |end: Instant| {
+        duty_cycle(end, pct, || {
+            spin_until(Instant::now() + Duration::from_micros(100));
+        })
+    };
+    set_name(name);
+    let handles: Vec<_> = (1..o.num("threads", 3).max(1))
+        .map(|_| {
+            let name = name.to_string();
+            std::thread::spawn(move || {
+                set_name(&name);
+                burn(until)
+            })
+        })
+        .collect();
+    let when = Path::new(when);
+    while Instant::now() < until && !when.exists() {
+        burn((Instant::now() + Duration::from_millis(10)).min(until));
+    }
+    // Held open (if it opens) until the end.
+    let _held = match File::open(dev) {
+        Ok(f) => {
+            println!("zernel-workload open {dev} ok");
+            Some(f)
+        }
+        Err(e) => {
+            println!("zernel-workload open {dev} error {e}");
+            None
+        }
+    };
+    burn(until);
     for h in handles {
         let _ = h.join();
     }
