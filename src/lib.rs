@@ -21,6 +21,7 @@ pub mod observe;
 pub mod observe_cmd;
 pub mod phase;
 pub mod policy;
+pub mod policy_script;
 pub mod reload;
 pub mod rules;
 pub mod sched;
