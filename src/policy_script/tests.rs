@@ -99,7 +99,11 @@ fn the_sandbox_has_no_io_os_require_or_loaders() {
 
 #[test]
 fn an_endless_loop_runs_out_of_the_budget_and_keeps_the_builtin_decision() {
-    let mut s = load("function decide(t) if t.comm == 'spin' then while true do end end return { class = 'batch' } end").unwrap();
+    // Other threads take a few thousand instructions: more than one hook tick.
+    let mut s = load(
+        "function decide(t) if t.comm == 'spin' then while true do end end local n = 0 for i = 1, 2000 do n = n + i end return { class = 'batch' } end",
+    )
+    .unwrap();
     let t0 = Instant::now();
     let d = s.decide(&facts(10, "spin"), builtin());
     assert!(t0.elapsed() < Duration::from_secs(2), "the budget took {:?}", t0.elapsed());
@@ -108,7 +112,7 @@ fn an_endless_loop_runs_out_of_the_budget_and_keeps_the_builtin_decision() {
     assert_eq!(s.stats(), ScriptStats { calls: 1, errors: 1, budget_exceeded: 1 });
     assert!(s.logged);
     // The next call has a budget of its own.
-    assert_eq!(s.decide(&facts(11, "other"), builtin()).map(|d| d.class), Some(Class::Batch));
+    assert_eq!(s.decide(&facts(11, "other"), builtin()).map(|d| d.class), Some(Class::Batch), "{:?}", s.last_error());
     // An endless loop at the top level does not load.
     let e = load("while true do end\nfunction decide(t) end").err().unwrap();
     assert!(e.starts_with("/etc/p.lua: its top level ran out of the instruction budget"), "{e}");
