@@ -376,9 +376,9 @@ impl Script {
         let v = match r {
             Ok(Ok(v)) => return v,
             Ok(Err(msg)) => (Failure::Error, format!("{}: decide returned {msg}", self.path.display())),
-            Err(e) if self.exceeded.load(Ordering::Relaxed) => (
+            Err(_) if self.exceeded.load(Ordering::Relaxed) => (
                 Failure::Budget,
-                format!("{}: decide ran out of the instruction budget ({INSTRUCTION_BUDGET}): {}", self.path.display(), one_line(&self.path, &e)),
+                format!("{}: decide ran out of the instruction budget ({INSTRUCTION_BUDGET} instructions)", self.path.display()),
             ),
             Err(e) => (Failure::Error, one_line(&self.path, &e)),
         };
