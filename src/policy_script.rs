@@ -202,8 +202,8 @@ pub struct Script {
     cache: FxHashMap<u32, (u64, Verdict, u64)>,
     pass: u64,
     stats: ScriptStats,
-    /// A failure of this version was logged.
-    logged: bool,
+    /// Failures of this version logged: at most one.
+    logged: u32,
     /// The message of the last failed call.
     last_error: Option<String>,
 }
@@ -288,7 +288,7 @@ impl Script {
             cache: FxHashMap::default(),
             pass: 0,
             stats: ScriptStats::default(),
-            logged: false,
+            logged: 0,
             last_error: None,
         };
         s.arm();
@@ -386,8 +386,8 @@ impl Script {
         if v.0 == Failure::Budget {
             self.stats.budget_exceeded += 1;
         }
-        if !self.logged {
-            self.logged = true;
+        if self.logged == 0 {
+            self.logged += 1;
             warn!(
                 "policy script failed for tid {} ({:?}): {}; the built-in decision is kept (logged once per version of the script, counted in script_errors)",
                 f.tid, f.comm, v.1
