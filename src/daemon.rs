@@ -231,9 +231,12 @@ impl Pipeline {
         let script = match policy_script::reopen(None, &cfg.policy.script, &cfg.tenant_names(), cfg.scheduler.default_class)
             .map_err(anyhow::Error::msg)?
         {
-            Reopened::New(s) => s,
+            Reopened::New(s) => s.map(|s| *s),
             Reopened::Same => None,
         };
+        if let Some(s) = &script {
+            info!("policy script {} loaded", s.path().display());
+        }
         Ok(Pipeline {
             script,
             script_retired: Default::default(),
@@ -280,7 +283,7 @@ impl Pipeline {
             if let Some(old) = &self.script {
                 self.script_retired.add(&old.stats());
             }
-            self.script = s;
+            self.script = s.map(|s| *s);
         }
         if cfg.gpu != self.cfg.gpu {
             self.gpu = gpu::open(&cfg.gpu);

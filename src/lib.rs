@@ -5,9 +5,9 @@
 //! ```text
 //! zernel.toml ──> config ─────────────────────────────────────┐
 //!                                                             v
-//! /proc, GPU ──> observe ──> phase ──> policy (+rules) ──> decisions (diff) ──> task_class map
-//! sysfs ───────> topology ──────────────┘                                          │
-//!                                                                                  v
+//! /proc, GPU ──> observe ──> phase ──> policy (+rules, Lua script) ──> decisions (diff) ──> task_class map
+//! sysfs ───────> topology ──────────────┘                                                      │
+//!                                                                                              v
 //!                        stats <── counters <── main.bpf.c: select_cpu / enqueue / dispatch
 //! ```
 

@@ -528,7 +528,7 @@ pub enum Reopened {
     /// cached verdicts) stays.
     Same,
     /// Another script, or none (`script = ""`).
-    New(Option<Script>),
+    New(Option<Box<Script>>),
 }
 
 /// The script a configuration asks for, given the running one. Err (one
@@ -542,7 +542,7 @@ pub fn reopen(current: Option<&Script>, path: &str, tenants: &[&str], default_cl
         std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read policy script: {e}", path.display()))?;
     match current {
         Some(s) if s.is_same(path, &text, tenants, default_class) => Ok(Reopened::Same),
-        _ => Script::load(path, &text, tenants, default_class).map(|s| Reopened::New(Some(s))),
+        _ => Script::load(path, &text, tenants, default_class).map(|s| Reopened::New(Some(Box::new(s)))),
     }
 }
 
