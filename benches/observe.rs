@@ -9,10 +9,18 @@
 //! rules, phase detection, policy, decision diff: all but the BPF map
 //! writes) for 30 s at 100 ms with 2000 threads (long enough to include
 //! the quiet threads' fallback samples, every 15-25 s) and reports the
-//! process's CPU time (getrusage) as a percentage of one core.
+//! process's CPU time (getrusage) as a percentage of one core, without and
+//! with a policy script (`[policy] script`, [`SCRIPT`]).
+//!
+//! The policy script's own cost: one call of `decide` (the facts table
+//! built, the Lua function run, its table read back), the CPU time of
+//! 20,000 calls with the facts varied, and one cached verdict (the fingerprint of
+//! an unchanged thread's facts matched), which is what an unchanged thread
+//! costs in every pass.
 //!
 //! `cargo bench --bench observe` (add `-- --quick` for 20 passes and 3 s,
-//! `-- --cpu-only` for the CPU figures alone).
+//! `-- --cpu-only` for the CPU figures alone, `-- --script-only` for the
+//! script's figures alone).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -23,12 +31,28 @@ use std::path::Path;
 use scx_zernel::config::Config;
 use scx_zernel::daemon::{DecisionSink, Decisions, Pipeline};
 use scx_zernel::gpu::NoGpu;
-use scx_zernel::observe::{ObserveConfig, Observer};
+use scx_zernel::config::Class;
+use scx_zernel::observe::{MlEvidence, ObserveConfig, Observer, ThreadRole};
+use scx_zernel::phase::Phase;
 use scx_zernel::policy::Decision;
+use scx_zernel::policy_script::{Script, ThreadFacts};
 use scx_zernel::sched::WriteError;
 use scx_zernel::topology::Topology;
 
 const PERIOD: Duration = Duration::from_millis(100);
+
+/// The policy script benchmarked: a few string matches and comparisons, as
+/// an operator's policy would have.
+const SCRIPT: &str = r#"
+function decide(t)
+  if t.cmdline:find("backup", 1, true) then return { class = "batch" } end
+  if t.ml and t.rank == 0 and t.phase == "gpu_compute" then return { class = "latency", slice_us = 500 } end
+  if t.cgroup:match("^/kubepods/besteffort") then return { class = "batch", preempt = false } end
+  if t.role == "data_loader" or t.comm:match("^pt_data") then return { class = "ml", slice_us = 4000 } end
+  if t.builtin and t.builtin.class == "latency" and #t.gpus > 1 then return { node = t.node or -1 } end
+  return nil
+end
+"#;
 
 struct Workload(Child);
 
@@ -132,9 +156,21 @@ impl DecisionSink for NoMap {
 /// The daemon's loop for `secs` (GPU refresh, observer pass, rules, phase
 /// detection, policy, decision diff); returns CPU % of one core.
 fn daemon_cpu(cfg: &ObserveConfig, secs: u64) -> f64 {
-    let config = Config {
+    daemon_cpu_with(cfg, "", secs).0
+}
+
+/// [`daemon_cpu`] with `[policy] script = script`; also returns the
+/// script's calls during the measured time.
+fn daemon_cpu_with(cfg: &ObserveConfig, script: &str, secs: u64) -> (f64, u64) {
+    let mut config = Config {
         observe: cfg.clone(),
         ..Config::default()
+    };
+    config.policy.script = script.to_string();
+    let calls = |p: &Pipeline| {
+        let mut m = scx_zernel::stats::Metrics::default();
+        p.fill_metrics(&mut m);
+        m.script_calls
     };
     let topo = Topology::read(Path::new("/sys")).unwrap_or_default();
     let mut pipeline = Pipeline::new(config, topo).expect("pipeline");
@@ -147,19 +183,89 @@ fn daemon_cpu(cfg: &ObserveConfig, secs: u64) -> f64 {
         pass(&mut pipeline);
         std::thread::sleep(PERIOD);
     }
-    let (wall0, cpu0) = (Instant::now(), cpu_time());
+    let (wall0, cpu0, calls0) = (Instant::now(), cpu_time(), calls(&pipeline));
     let mut next = Instant::now();
     while wall0.elapsed() < Duration::from_secs(secs) {
         pass(&mut pipeline);
         next += PERIOD;
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
     }
-    (cpu_time() - cpu0).as_secs_f64() / wall0.elapsed().as_secs_f64() * 100.0
+    let pct = (cpu_time() - cpu0).as_secs_f64() / wall0.elapsed().as_secs_f64() * 100.0;
+    (pct, calls(&pipeline) - calls0)
+}
+
+/// The facts of a trainer-like thread, varied by `i`.
+fn bench_facts(i: usize, comm: &str) -> ThreadFacts<'_> {
+    const ROLES: [ThreadRole; 3] = [ThreadRole::Trainer, ThreadRole::DataLoader, ThreadRole::NonMl];
+    const PHASES: [Phase; 3] = [Phase::GpuCompute, Phase::DataLoading, Phase::Unknown];
+    ThreadFacts {
+        pid: 1000,
+        tid: 1000 + i as i32,
+        start_ticks: 5,
+        comm,
+        cmdline: "python -m torch.distributed.run --nproc-per-node 8 train.py --config resnet50.yaml",
+        cgroup: "/kubepods/burstable/pod1234/abcd",
+        parent_comm: "torchrun",
+        uid: 1000,
+        gid: 1000,
+        ml: true,
+        evidence: MlEvidence::ENV_RANK,
+        rank: Some((i % 4) as u32),
+        local_rank: Some((i % 4) as u32),
+        world_size: Some(8),
+        role: ROLES[i % 3],
+        phase: PHASES[i % 3],
+        gpus: &[0, 1],
+        node: Some(0),
+        tenant: None,
+    }
+}
+
+/// The cost of one script call and of one cached verdict.
+fn script_figures() {
+    let builtin = Some(Decision { class: Class::Latency, slice_ns: 1_000_000, cpu: -1, node: 0, tenant: -1, preempt: true });
+    let mut s = Script::load(Path::new("bench.lua"), SCRIPT, &[], Class::Normal).expect("the bench script loads");
+    let n = 20_000;
+    for i in 0..1000 {
+        s.call(&bench_facts(i, "pt_main_thread"), builtin);
+    }
+    // CPU time, not wall time: the host may be shared.
+    let t0 = cpu_time();
+    for i in 0..n {
+        std::hint::black_box(s.call(&bench_facts(i, "pt_main_thread"), builtin));
+    }
+    let per_call = (cpu_time() - t0).as_secs_f64() / n as f64 * 1e6;
+    assert_eq!(s.stats().errors, 0, "the bench script failed");
+    // Cached: the same 2,000 threads pass after pass.
+    let passes = 50;
+    for i in 0..2000 {
+        s.decide(&bench_facts(i, "pt_main_thread"), builtin);
+    }
+    let calls0 = s.stats().calls;
+    let t0 = cpu_time();
+    for _ in 0..passes {
+        s.begin_pass();
+        for i in 0..2000 {
+            std::hint::black_box(s.decide(&bench_facts(i, "pt_main_thread"), builtin));
+        }
+        s.end_pass();
+    }
+    let per_cached = (cpu_time() - t0).as_secs_f64() / (passes * 2000) as f64 * 1e6;
+    assert_eq!(s.stats().calls, calls0, "unchanged threads called the script");
+    println!(
+        "policy script: {per_call:.2} us of CPU per call of decide ({n} calls), {per_cached:.3} us per unchanged thread (cached verdict)"
+    );
+    println!(
+        "  at 100 ms passes: 2,000 threads all changing every pass would cost {:.1} % of one core; unchanged, {:.2} %",
+        per_call * 2000.0 / 1e5 * 100.0,
+        per_cached * 2000.0 / 1e5 * 100.0
+    );
 }
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let cpu_only = std::env::args().any(|a| a == "--cpu-only");
+    let script_only = std::env::args().any(|a| a == "--script-only");
     let (passes, cpu_secs) = if quick { (20, 3) } else { (50, 30) };
     let cfg = ObserveConfig::default();
     let no_tier = ObserveConfig {
@@ -167,10 +273,16 @@ fn main() {
         ..ObserveConfig::default()
     };
 
+    script_figures();
+    if script_only {
+        script_cpu(&cfg, cpu_secs);
+        return;
+    }
     if !cpu_only {
         pass_times(&cfg, &no_tier, passes);
     }
     cpu_figures(&cfg, &no_tier, cpu_secs);
+    script_cpu(&cfg, cpu_secs);
 }
 
 fn pass_times(cfg: &ObserveConfig, no_tier: &ObserveConfig, passes: usize) {
@@ -231,4 +343,22 @@ fn cpu_figures(cfg: &ObserveConfig, no_tier: &ObserveConfig, cpu_secs: u64) {
         "host baseline (no workload)               {:>6.2} % of one core",
         daemon_cpu(cfg, cpu_secs)
     );
+}
+
+/// The daemon loop's CPU with the policy script and 2,000 threads.
+fn script_cpu(cfg: &ObserveConfig, cpu_secs: u64) {
+    let path = std::env::temp_dir().join(format!("zernel-bench-policy-{}.lua", std::process::id()));
+    std::fs::write(&path, SCRIPT).expect("writing the bench script");
+    let script = path.display().to_string();
+    println!("\ndaemon CPU with [policy] script (the same loop), {cpu_secs} s at 100 ms");
+    for (name, ml) in [("(c) ML process, 2000 threads", true), ("(d) non-ML process, 2000 threads", false)] {
+        let _w = spawn(2000, ml);
+        std::thread::sleep(Duration::from_millis(300));
+        let (without, _) = daemon_cpu_with(cfg, "", cpu_secs);
+        let (pct, calls) = daemon_cpu_with(cfg, &script, cpu_secs);
+        println!(
+            "{name:<40} {pct:>6.2} % of one core with the script, {without:>6.2} % without ({calls} script calls while measured)"
+        );
+    }
+    let _ = std::fs::remove_file(&path);
 }

@@ -6,7 +6,8 @@
 //!     Scheduler::init ── attach
 //!     every phase_eval_interval_ms:
 //!        Observer::poll ─> rules (new/renamed threads only) ─> PhaseDetector::update
-//!          ─> PolicyConfig::decide ─> Decisions::diff ─> task_class map
+//!          ─> PolicyConfig::decide ─> policy script (facts changed only)
+//!          ─> Decisions::diff ─> task_class map
 //!     between passes: answer stats requests; SIGHUP, or an inotify event
 //!     after which the config file differs, ends the wait, and the next pass
 //!     starts with the reload; GPU device opens from the kernel's ring
@@ -35,6 +36,7 @@ use crate::gpu::{self, GpuProvider};
 use crate::observe::{Changes, Observer, ProcessView, Snapshot};
 use crate::phase::{Phase, PhaseDetector};
 use crate::policy::{Decision, Facts};
+use crate::policy_script::{self, Reopened, Script, ThreadFacts};
 use crate::reload::{self, ReloadWatch, Stamp, Trigger};
 use crate::tenants::Tenants;
 use crate::rules::{Identity, Rules};
@@ -103,6 +105,10 @@ impl Source {
             }
             None => Config::default(),
         };
+        // The script decides as much as the file: the same ownership rules.
+        if !cfg.policy.script.is_empty() {
+            check_owner(Path::new(&cfg.policy.script))?;
+        }
         self.mode.apply(&mut cfg);
         Ok(cfg)
     }
@@ -214,6 +220,10 @@ pub struct Pipeline {
     /// thread in every pass).
     matched: FxHashMap<u32, u32>,
     decided: Vec<(u32, u64, Decision)>,
+    /// `[policy] script`, with its verdicts cached per thread.
+    script: Option<Script>,
+    /// Counters of the scripts replaced by reloads (the stats are cumulative).
+    script_retired: policy_script::ScriptStats,
 }
 
 impl Pipeline {
@@ -221,7 +231,18 @@ impl Pipeline {
         let rules = Rules::compile(&cfg.rules, &cfg.tenant_names()).map_err(anyhow::Error::msg)?;
         let tenants =
             Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?.with_default_weight(cfg.tenancy.default_weight);
+        let script = match policy_script::reopen(None, &cfg.policy.script, &cfg.tenant_names(), cfg.scheduler.default_class)
+            .map_err(anyhow::Error::msg)?
+        {
+            Reopened::New(s) => s.map(|s| *s),
+            Reopened::Same => None,
+        };
+        if let Some(s) = &script {
+            info!("policy script {} loaded", s.path().display());
+        }
         Ok(Pipeline {
+            script,
+            script_retired: Default::default(),
             tenants,
             tenants_changed: false,
             observer: Observer::new(&cfg.observe),
@@ -260,6 +281,18 @@ impl Pipeline {
         if cfg.scheduler != self.cfg.scheduler {
             warn!("[scheduler] changes take effect at the next start; keeping the running values");
             cfg.scheduler = self.cfg.scheduler.clone();
+        }
+        let names = cfg.tenant_names();
+        let script = policy_script::reopen(self.script.as_ref(), &cfg.policy.script, &names, cfg.scheduler.default_class)
+            .map_err(anyhow::Error::msg)?;
+        if let Reopened::New(s) = script {
+            if let Some(s) = &s {
+                info!("policy script {} loaded", s.path().display());
+            }
+            if let Some(old) = &self.script {
+                self.script_retired.add(&old.stats());
+            }
+            self.script = s.map(|s| *s);
         }
         if cfg.gpu != self.cfg.gpu {
             self.gpu = gpu::open(&cfg.gpu);
@@ -323,6 +356,9 @@ impl Pipeline {
         // the cache). Then the policy decides for every thread.
         let mut forced = Vec::new();
         self.decided.clear();
+        if let Some(s) = &mut self.script {
+            s.begin_pass();
+        }
         for t in &snap.threads {
             let p = snap.process_of(t);
             let tid = t.tid as u32;
@@ -353,9 +389,37 @@ impl Pipeline {
                     None => self.tenants.of_cgroup(&p.cgroup),
                 },
             };
-            if let Some(d) = self.cfg.policy.decide(&facts, self.cfg.scheduler.default_class) {
+            let mut d = self.cfg.policy.decide(&facts, self.cfg.scheduler.default_class);
+            if let Some(s) = &mut self.script {
+                let facts = ThreadFacts {
+                    pid: p.pid,
+                    tid: t.tid,
+                    start_ticks: t.start_ticks,
+                    comm: &t.comm,
+                    cmdline: &p.cmdline,
+                    cgroup: &p.cgroup,
+                    parent_comm: &p.parent_comm,
+                    uid: p.uid,
+                    gid: p.gid,
+                    ml: t.ml,
+                    evidence: p.evidence,
+                    rank: p.env.rank,
+                    local_rank: p.env.local_rank,
+                    world_size: p.env.world_size,
+                    role: t.role,
+                    phase,
+                    gpus: &p.gpu.devices,
+                    node: facts.node,
+                    tenant: facts.tenant.map(|i| self.tenants.name(i)),
+                };
+                d = s.decide(&facts, d);
+            }
+            if let Some(d) = d {
                 self.decided.push((tid, t.start_ticks, d));
             }
+        }
+        if let Some(s) = &mut self.script {
+            s.end_pass();
         }
         // Tenants weighted by the GPUs they use: one sample per pass.
         if self.tenants.measured() {
@@ -391,6 +455,17 @@ impl Pipeline {
         self.detector.phase(tid)
     }
 
+    /// What the policy script said about a thread in the last pass (None
+    /// without a script).
+    pub fn script_verdict(&self, tid: u32) -> Option<policy_script::Verdict> {
+        self.script.as_ref()?.verdict(tid)
+    }
+
+    /// The running policy script, if any.
+    pub fn script(&self) -> Option<&Script> {
+        self.script.as_ref()
+    }
+
     /// The rule that matched a thread when it was last evaluated, if any.
     pub fn rule_match(&self, tid: u32) -> Option<crate::rules::Match> {
         match_of(&self.rules, *self.matched.get(&tid)?)
@@ -407,6 +482,13 @@ impl Pipeline {
         m.phase_optimizer_step = s.threads_in(Phase::OptimizerStep);
         m.phase_transitions = s.transitions;
         m.observe_pass_us = snap.pass_ns / 1000;
+        let mut st = self.script_retired;
+        if let Some(s) = &self.script {
+            st.add(&s.stats());
+        }
+        m.script_calls = st.calls;
+        m.script_errors = st.errors;
+        m.script_budget_exceeded = st.budget_exceeded;
     }
 }
 
@@ -476,6 +558,9 @@ pub struct Reloader {
     last_poll: Instant,
     changed: bool,
     sighup: bool,
+    /// The policy script and the stamp it had at the last reload; the
+    /// flag says it is compared once a second (its directory is not watched).
+    script: Option<(PathBuf, Stamp, bool)>,
 }
 
 /// How often the stamp is compared when inotify is not available.
@@ -491,7 +576,33 @@ impl Reloader {
                 warn!("{}: {e:#}; changes of the file are looked for once a second", path.display());
             }
         }
-        Ok(Reloader { watch, stamp: source.stamp(), last_poll: Instant::now(), changed: false, sighup: false })
+        Ok(Reloader { watch, stamp: source.stamp(), last_poll: Instant::now(), changed: false, sighup: false, script: None })
+    }
+
+    /// Also reloads when the policy script changes (`""`: none); called
+    /// with the script of the configuration in force.
+    pub fn watch_script(&mut self, path: &str) {
+        if path.is_empty() {
+            self.script = None;
+            return;
+        }
+        let p = PathBuf::from(path);
+        if self.script.as_ref().is_some_and(|s| s.0 == p) {
+            return;
+        }
+        let polled = match self.watch.on_file_too(&p) {
+            Ok(()) => false,
+            Err(e) => {
+                warn!("{path}: {e:#}; changes of the policy script are looked for once a second");
+                true
+            }
+        };
+        self.script = Some((p.clone(), reload::stamp(&p), polled));
+    }
+
+    /// Whether the policy script differs from the one last loaded.
+    fn script_changed(&self) -> bool {
+        self.script.as_ref().is_some_and(|(p, st, _)| reload::stamp(p) != *st)
     }
 
     /// Where the triggers arrive; hand each to [`note`](Self::note).
@@ -505,7 +616,7 @@ impl Reloader {
     pub fn note(&mut self, source: &Source, t: Trigger) -> bool {
         match t {
             Trigger::Signal => self.sighup = true,
-            Trigger::File => self.changed |= source.stamp() != self.stamp,
+            Trigger::File => self.changed |= source.stamp() != self.stamp || self.script_changed(),
         }
         self.sighup || self.changed
     }
@@ -517,13 +628,17 @@ impl Reloader {
         for t in self.watch.receiver().try_iter().collect::<Vec<_>>() {
             self.note(source, t);
         }
-        if !self.watch.watches_file() && self.last_poll.elapsed() >= POLL_WITHOUT_INOTIFY {
+        let polled = !self.watch.watches_file() || self.script.as_ref().is_some_and(|s| s.2);
+        if polled && self.last_poll.elapsed() >= POLL_WITHOUT_INOTIFY {
             self.last_poll = Instant::now();
-            self.changed |= source.stamp() != self.stamp;
+            self.changed |= source.stamp() != self.stamp || self.script_changed();
         }
         let due = std::mem::take(&mut self.sighup) | std::mem::take(&mut self.changed);
         if due {
             self.stamp = source.stamp();
+            if let Some(s) = &mut self.script {
+                s.1 = reload::stamp(&s.0);
+            }
         }
         due
     }
@@ -629,6 +744,7 @@ pub fn run(
 
     let mut open_object = MaybeUninit::uninit();
     let mut pipeline = Pipeline::new(cfg, topo.clone())?;
+    reloader.watch_script(&pipeline.cfg.policy.script);
     loop {
         let mut sched = Scheduler::init(&pipeline.cfg.scheduler, load, &topo, &pipeline.tenants, &mut open_object)?;
         let bpf_exited =
@@ -689,6 +805,7 @@ fn serve(
         if reloader.due(source) {
             if apply_reload(pipeline, source) {
                 metrics.reloads += 1;
+                reloader.watch_script(&pipeline.cfg.policy.script);
             } else {
                 metrics.reloads_rejected += 1;
             }

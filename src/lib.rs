@@ -5,9 +5,9 @@
 //! ```text
 //! zernel.toml ──> config ─────────────────────────────────────┐
 //!                                                             v
-//! /proc, GPU ──> observe ──> phase ──> policy (+rules) ──> decisions (diff) ──> task_class map
-//! sysfs ───────> topology ──────────────┘                                          │
-//!                                                                                  v
+//! /proc, GPU ──> observe ──> phase ──> policy (+rules, Lua script) ──> decisions (diff) ──> task_class map
+//! sysfs ───────> topology ──────────────┘                                                      │
+//!                                                                                              v
 //!                        stats <── counters <── main.bpf.c: select_cpu / enqueue / dispatch
 //! ```
 
@@ -22,6 +22,7 @@ pub mod observe;
 pub mod observe_cmd;
 pub mod phase;
 pub mod policy;
+pub mod policy_script;
 pub mod reload;
 pub mod rules;
 pub mod sched;

@@ -29,6 +29,13 @@ use scx_zernel::{inspect, observe_cmd, stats};
 /// SIGHUP or an edit of the config file reloads rules and policy without
 /// detaching; an invalid new file is rejected and the old one stays.
 ///
+/// Policy logic beyond rules and the phase table: `[policy] script =
+/// "FILE.lua"`, a Lua 5.4 function decide(t) given a thread's facts (pid,
+/// comm, cmdline, cgroup, uid, ML evidence, role, phase, GPUs, node,
+/// tenant) that returns a decision or nil; run only when those facts
+/// change, sandboxed (no io, os, require; a memory cap and an instruction
+/// budget per call), reloaded with the config or an edit of the script.
+///
 /// Operating it: --stats prints the statistics while running, --monitor
 /// SECS prints those of a running instance (from another shell, attaching
 /// nothing), --metrics-addr serves them to Prometheus, --help-stats
@@ -42,7 +49,8 @@ struct Cli {
     /// configs/zernel.toml; unknown keys are errors. As root, a file
     /// writable by group or others, or in a directory they can write without
     /// the sticky bit, is refused; one owned by the user who ran sudo is
-    /// accepted with a warning, any other non-root owner refused.
+    /// accepted with a warning, any other non-root owner refused; the same
+    /// holds for its policy.script.
     #[arg(short, long, global = true, value_name = "PATH")]
     config: Option<PathBuf>,
 

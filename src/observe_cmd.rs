@@ -16,7 +16,12 @@
 //!
 //! Listed: every ML process, with its threads that have a phase, a decision
 //! or a rule match (all its threads with `--all`); and threads of other
-//! processes that a rule matches. Plain threads are not listed.
+//! processes that a rule matches or the policy script (`[policy] script`)
+//! decided on or failed for. Plain threads are not listed. With a script,
+//! a SCRIPT column shows its verdict per thread: `keep` (nil: the built-in
+//! decision), `set` (its table), `none` (false: no decision), `error` or
+//! `budget` (the call failed: the built-in decision), so that a policy can
+//! be tried on any machine before it is deployed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -84,6 +89,8 @@ pub struct ThreadRow {
     pub phase: &'static str,
     pub rule: Option<RuleView>,
     pub decision: Option<DecisionView>,
+    /// The policy script's verdict (keep, set, none, error, budget); None without a script.
+    pub script: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -116,7 +123,18 @@ pub struct PassView {
     /// ML threads in each phase (all of them, listed or not).
     pub phases: BTreeMap<&'static str, u64>,
     pub observe_pass_us: u64,
+    /// The policy script in force, if any.
+    pub script: Option<ScriptView>,
     pub processes: Vec<ProcessRow>,
+}
+
+/// The policy script and its counters since start.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ScriptView {
+    pub path: String,
+    pub calls: u64,
+    pub errors: u64,
+    pub budget_exceeded: u64,
 }
 
 /// What to list from one pipeline pass.
@@ -139,7 +157,10 @@ pub fn collect(pipeline: &Pipeline, all: bool) -> PassView {
         let phase = pipeline.phase(t.tid);
         let rule = pipeline.rule_match(tid);
         let decision = decisions.get(&tid);
-        let shown = rule.is_some() || (t.ml && (all || phase != Phase::Unknown || decision.is_some()));
+        let verdict = pipeline.script_verdict(tid);
+        let shown = rule.is_some()
+            || verdict.is_some_and(|v| v != crate::policy_script::Verdict::Keep)
+            || (t.ml && (all || phase != Phase::Unknown || decision.is_some()));
         if !shown {
             continue;
         }
@@ -159,6 +180,7 @@ pub fn collect(pipeline: &Pipeline, all: bool) -> PassView {
                 node: (d.node >= 0).then_some(d.node),
                 preempt: d.preempt,
             }),
+            script: verdict.map(crate::policy_script::Verdict::as_str),
         };
         let at = *index_of.entry(t.proc_index).or_insert_with(|| {
             processes.push(process_row(snap.process_of(t)));
@@ -180,6 +202,12 @@ pub fn collect(pipeline: &Pipeline, all: bool) -> PassView {
             (Phase::OptimizerStep.as_str(), m.phase_optimizer_step),
         ]),
         observe_pass_us: m.observe_pass_us,
+        script: pipeline.script().map(|s| ScriptView {
+            path: s.path().display().to_string(),
+            calls: m.script_calls,
+            errors: m.script_errors,
+            budget_exceeded: m.script_budget_exceeded,
+        }),
         processes,
     }
 }
@@ -231,15 +259,34 @@ pub fn render_text(v: &PassView, every_ms: u64) -> String {
         phases.join("  "),
         v.observe_pass_us
     );
+    if let Some(sv) = &v.script {
+        let _ = writeln!(
+            s,
+            "policy script {}: {} calls, {} failed ({} over the instruction budget)",
+            sv.path, sv.calls, sv.errors, sv.budget_exceeded
+        );
+    }
     s.push('\n');
     if v.processes.is_empty() {
         s.push_str("no ML processes and no rule matches\n");
         return s;
     }
+    // The SCRIPT column, with a script only.
+    let script_col = |verdict: &str| if v.script.is_some() { format!("{verdict:<6} ") } else { String::new() };
     let _ = writeln!(
         s,
-        "{:>7} {:>7}  {:<16} {:<14} {:<16} {:<8} {:>8} {:>4} {:>4} {:<7} RULE",
-        "PID", "TID", "COMM", "ROLE", "PHASE", "CLASS", "SLICE_US", "CPU", "NODE", "PREEMPT"
+        "{:>7} {:>7}  {:<16} {:<14} {:<16} {:<8} {:>8} {:>4} {:>4} {:<7} {}RULE",
+        "PID",
+        "TID",
+        "COMM",
+        "ROLE",
+        "PHASE",
+        "CLASS",
+        "SLICE_US",
+        "CPU",
+        "NODE",
+        "PREEMPT",
+        script_col("SCRIPT")
     );
     for p in &v.processes {
         let mut what = if p.ml { format!("ML ({})", p.evidence.join(",")) } else { "not ML".to_string() };
@@ -271,8 +318,18 @@ pub fn render_text(v: &PassView, every_ms: u64) -> String {
             };
             let _ = writeln!(
                 s,
-                "{:>7} {:>7}  {:<16} {:<14} {:<16} {:<8} {:>8} {:>4} {:>4} {:<7} {rule}",
-                "", t.tid, t.comm, t.role, t.phase, class, slice, cpu, node, preempt
+                "{:>7} {:>7}  {:<16} {:<14} {:<16} {:<8} {:>8} {:>4} {:>4} {:<7} {}{rule}",
+                "",
+                t.tid,
+                t.comm,
+                t.role,
+                t.phase,
+                class,
+                slice,
+                cpu,
+                node,
+                preempt,
+                script_col(t.script.unwrap_or("-"))
             );
         }
     }
@@ -350,6 +407,7 @@ mod tests {
             ml_threads: 4,
             phases: BTreeMap::from([("data_loading", 1), ("gpu_compute", 1)]),
             observe_pass_us: 250,
+            script: None,
             processes: vec![
                 ProcessRow {
                     pid: 10,
@@ -373,6 +431,7 @@ mod tests {
                             node: Some(0),
                             preempt: true,
                         }),
+                        script: None,
                     }],
                 },
                 ProcessRow {
@@ -397,6 +456,7 @@ mod tests {
                             node: None,
                             preempt: false,
                         }),
+                        script: None,
                     }],
                 },
             ],
@@ -436,6 +496,25 @@ mod tests {
         assert_eq!(v["processes"][0]["gpu_util_pct"], 87);
         assert_eq!(v["processes"][1]["gpu_util_pct"], serde_json::Value::Null);
         assert_eq!(v["processes"][1]["threads"][0]["rule"]["name"], "backups");
+    }
+
+    #[test]
+    fn a_script_adds_its_counters_and_a_verdict_column() {
+        let mut v = view();
+        assert!(!render_text(&v, 100).contains("SCRIPT"));
+        v.script = Some(ScriptView { path: "/etc/p.lua".into(), calls: 5, errors: 1, budget_exceeded: 1 });
+        v.processes[1].threads[0].script = Some("set");
+        let text = render_text(&v, 100);
+        assert!(text.contains("policy script /etc/p.lua: 5 calls, 1 failed (1 over the instruction budget)"), "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        let header = lines.iter().find(|l| l.trim_start().starts_with("PID")).unwrap();
+        let backup = lines.iter().find(|l| l.contains("non_ml")).unwrap();
+        assert_eq!(backup.find("set"), header.find("SCRIPT"), "{text}");
+        let trainer = lines.iter().find(|l| l.contains("pt_main_thread")).unwrap();
+        assert!(trainer.ends_with("yes     -      -"), "{trainer:?}");
+        let json: serde_json::Value = serde_json::to_value(&v).unwrap();
+        assert_eq!(json["processes"][1]["threads"][0]["script"], "set");
+        assert_eq!(json["script"]["calls"], 5);
     }
 
     #[test]

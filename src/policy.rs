@@ -54,6 +54,9 @@ pub struct PolicyConfig {
     pub nccl_collective: PhasePolicy,
     /// The CPU-bound optimizer step: throughput, longer slices.
     pub optimizer_step: PhasePolicy,
+    /// A Lua policy script ("" = none), run when a thread's facts change;
+    /// see [`crate::policy_script`].
+    pub script: String,
 }
 
 impl Default for PolicyConfig {
@@ -72,6 +75,7 @@ impl Default for PolicyConfig {
                 preempt: false,
                 latency_target_us: 16000,
             },
+            script: String::new(),
         }
     }
 }

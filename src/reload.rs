@@ -54,7 +54,17 @@ pub struct ReloadWatch {
     rx: Receiver<Trigger>,
     tx: Sender<Trigger>,
     watcher: Option<RecommendedWatcher>,
+    /// The directories watched.
+    dirs: Vec<PathBuf>,
     signals: Option<signal_hook::iterator::Handle>,
+}
+
+/// The directory of a file ("." for a bare name).
+fn dir_of(file: &Path) -> PathBuf {
+    match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
 }
 
 /// Whether an inotify event may have changed a file (see the module doc).
@@ -71,7 +81,7 @@ impl ReloadWatch {
     /// A watch with no sources yet.
     pub fn new() -> ReloadWatch {
         let (tx, rx) = unbounded();
-        ReloadWatch { rx, tx, watcher: None, signals: None }
+        ReloadWatch { rx, tx, watcher: None, dirs: Vec::new(), signals: None }
     }
 
     /// Wakes on SIGHUP from now on.
@@ -96,10 +106,7 @@ impl ReloadWatch {
     /// Wakes on changes in `config`'s directory from now on. An error
     /// (inotify unavailable) leaves the watch without this source.
     pub fn on_file(&mut self, config: &Path) -> Result<()> {
-        let dir: PathBuf = match config.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+        let dir = dir_of(config);
         let tx = self.tx.clone();
         let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             if let Ok(ev) = res {
@@ -113,6 +120,20 @@ impl ReloadWatch {
             .watch(&dir, RecursiveMode::NonRecursive)
             .with_context(|| format!("watching {} with inotify", dir.display()))?;
         self.watcher = Some(watcher);
+        self.dirs = vec![dir];
+        Ok(())
+    }
+
+    /// Also wakes on changes in `file`'s directory (the policy script's),
+    /// with the triggers of [`on_file`](Self::on_file).
+    pub fn on_file_too(&mut self, file: &Path) -> Result<()> {
+        let dir = dir_of(file);
+        if self.dirs.contains(&dir) {
+            return Ok(());
+        }
+        let Some(w) = &mut self.watcher else { return self.on_file(file) };
+        w.watch(&dir, RecursiveMode::NonRecursive).with_context(|| format!("watching {} with inotify", dir.display()))?;
+        self.dirs.push(dir);
         Ok(())
     }
 

@@ -143,6 +143,12 @@ pub struct Metrics {
     pub reloads: u64,
     #[stat(desc = "Config reloads rejected (old config kept)")]
     pub reloads_rejected: u64,
+    #[stat(desc = "Calls of the policy script (threads whose facts changed)")]
+    pub script_calls: u64,
+    #[stat(desc = "Policy script calls that failed: the built-in decision was kept")]
+    pub script_errors: u64,
+    #[stat(desc = "Policy script calls stopped by the instruction budget (also in script_errors)")]
+    pub script_budget_exceeded: u64,
     #[stat(desc = "Per-tenant CPU shares over the last second")]
     pub tenants: BTreeMap<String, TenantMetrics>,
 }
@@ -211,6 +217,9 @@ impl Metrics {
             phase_transitions: d(self.phase_transitions, prev.phase_transitions),
             reloads: d(self.reloads, prev.reloads),
             reloads_rejected: d(self.reloads_rejected, prev.reloads_rejected),
+            script_calls: d(self.script_calls, prev.script_calls),
+            script_errors: d(self.script_errors, prev.script_errors),
+            script_budget_exceeded: d(self.script_budget_exceeded, prev.script_budget_exceeded),
             ..self.clone()
         }
     }
@@ -245,7 +254,7 @@ impl Metrics {
         )?;
         writeln!(
             w,
-            "[zernel] threads {} ml {} | phase load/gpu/nccl/optim {}/{}/{}/{} transitions {} | pass {} us | reloads {} rejected {}",
+            "[zernel] threads {} ml {} | phase load/gpu/nccl/optim {}/{}/{}/{} transitions {} | pass {} us | reloads {} rejected {} | script calls {} errors {} budget {}",
             self.threads,
             self.ml_threads,
             self.phase_data_loading,
@@ -256,6 +265,9 @@ impl Metrics {
             self.observe_pass_us,
             self.reloads,
             self.reloads_rejected,
+            self.script_calls,
+            self.script_errors,
+            self.script_budget_exceeded,
         )?;
         for (name, t) in &self.tenants {
             writeln!(

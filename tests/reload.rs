@@ -99,3 +99,50 @@ fn reloads_take_effect_within_100ms_of_the_event() {
     assert!(applied.recv_timeout(Duration::from_millis(500)).is_err(), "reloaded for another file");
 }
 
+
+/// The policy script is watched too: an edit of the script alone (in a
+/// directory of its own) reloads it, and a broken edit is rejected with its
+/// line while the running script goes on deciding.
+#[test]
+fn an_edit_of_the_policy_script_alone_reloads_it() {
+    let dir = common::TempDir::new("reload-script");
+    std::fs::create_dir(dir.0.join("scripts")).unwrap();
+    let script = dir.0.join("scripts/policy.lua");
+    std::fs::write(&script, "function decide(t) return nil end\n").unwrap();
+    let cfg = dir.0.join("zernel.toml");
+    std::fs::write(&cfg, format!("[policy]\nscript = \"{}\"\n", script.display())).unwrap();
+    let source = Source { path: Some(cfg.clone()), mode: Mode::Auto };
+    let topo = Topology::read(Path::new("/sys")).unwrap();
+    let mut pipeline = Pipeline::new(source.load().unwrap(), topo).unwrap();
+    let mut reloader = Reloader::new(&source).unwrap();
+    reloader.watch_script(&pipeline.cfg.policy.script);
+    let me = unsafe { libc::gettid() } as u32;
+    let verdict = |p: &mut Pipeline| {
+        p.pass();
+        p.script_verdict(me).map(|v| v.as_str())
+    };
+    assert_eq!(verdict(&mut pipeline), Some("keep"));
+    // Waits (<= 5 s) until a reload is due, then applies it.
+    let reload = |pipeline: &mut Pipeline, reloader: &mut Reloader| {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(5) {
+            if let Ok(t) = reloader.receiver().recv_timeout(Duration::from_millis(50)) {
+                reloader.note(&source, t);
+            }
+            if reloader.due(&source) {
+                return Some(apply_reload(pipeline, &source));
+            }
+        }
+        None
+    };
+
+    std::thread::sleep(Duration::from_millis(100));
+    std::fs::write(&script, "function decide(t) return false end\n").unwrap();
+    assert_eq!(reload(&mut pipeline, &mut reloader), Some(true), "the script's edit did not reload");
+    assert_eq!(verdict(&mut pipeline), Some("none"));
+
+    std::thread::sleep(Duration::from_millis(100));
+    std::fs::write(&script, "function decide(t)\n  return {\n").unwrap();
+    assert_eq!(reload(&mut pipeline, &mut reloader), Some(false), "a broken script was not rejected");
+    assert_eq!(verdict(&mut pipeline), Some("none"), "the running script did not stay");
+}
