@@ -40,7 +40,7 @@ b=$!
 zernel-workload hog --name zt_sc --secs $S --threads 1 &
 c=$!
 ntasks() { ls "/proc/$1/task" 2>/dev/null | wc -l; }
-up() { [ "$(ntasks $a)" -ge 2 ] && [ "$(ntasks $b)" -ge 2 ] && [ "$(ntasks $c)" -ge 1 ]; }
+up() { [ "$(ntasks "$a")" -ge 2 ] && [ "$(ntasks "$b")" -ge 2 ] && [ "$(ntasks "$c")" -ge 1 ]; }
 wait_until 20 up
 check "the three workloads are running with their threads" up
 
