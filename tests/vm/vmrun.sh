@@ -187,7 +187,12 @@ run_host_root() {
     echo '#!/bin/sh'
     echo '# Run by virtme-ng-init as root; the root filesystem is the host'"'"'s, read-only.'
     echo "OUT=$(q "$out")"
+    echo "CWD=$(q "$PWD")"
+    # A cwd under /tmp (a clone made with mktemp -d) would be hidden by the
+    # guest's tmpfs: it is bound aside first and back on top afterwards.
+    echo 'case $CWD in /tmp/?*) mkdir -p "$OUT/cwd" && mount --bind "$CWD" "$OUT/cwd" ;; esac'
     echo 'mount -t tmpfs tmpfs /tmp && chmod 1777 /tmp'
+    echo 'case $CWD in /tmp/?*) mkdir -p "$CWD" && mount --bind "$OUT/cwd" "$CWD" ;; esac'
     echo 'mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf'
     if [ -n "$release" ]; then
       echo "mount -t tmpfs tmpfs /boot && cp \"\$OUT/config\" /boot/config-$(q "$release")"
@@ -195,7 +200,7 @@ run_host_root() {
     echo 'mkdir -p /tmp/home; export HOME=/tmp/home TERM=dumb'
     echo "export PATH=\"\$OUT/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\""
     for e in "${ENVS[@]}"; do echo "export ${e%%=*}=$(q "${e#*=}")"; done
-    echo "cd $(q "$PWD") || exit 125"
+    echo 'cd "$CWD" || { echo "vmrun: cannot enter $CWD in the guest" >"$OUT/log"; echo 125 >"$OUT/rc"; exit 125; }'
     echo 'echo "<5>vmrun: booted in $(cut -d" " -f1 /proc/uptime) s" >/dev/kmsg'
     printf '%s' '"$@" </dev/null >"$OUT/log" 2>&1 &'; echo
     echo 'cmd=$!'

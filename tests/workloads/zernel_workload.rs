@@ -13,7 +13,7 @@
 //! zernel-workload threads --count N --secs S [--wake-ms 1000] [--ml]
 //! zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]
 //! zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS]
-//!                 [--busy-pct P]
+//!                 [--open-when FILE] [--busy-pct P]
 //! zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]
 //! zernel-workload bpf-run --name NAME --secs S [--threads N]
 //! zernel-workload fork --name NAME --secs S --when PATH [--child-name NAME2] [--thread]
@@ -66,8 +66,9 @@
 //! data loader, by its read rate; with --busy-pct P < 100, for P % of every
 //! 5 ms), holding PATH (if given) open as fd N (default: the
 //! lowest free fd; fds below N are filled with /dev/null) from --after-ms
-//! on (default 0). Opening it also maps 1 MiB, so the process's virtual
-//! size changes, as when a program initialises a GPU. Prints
+//! on (default 0), or once the file --open-when names exists. Opening it
+//! also maps 1 MiB, so the process's virtual size changes, as when a program
+//! initialises a GPU. Prints
 //! `zernel-workload reader opened PATH fd N` when it does. With --thread,
 //! a second thread named NAME2 does the reading, from --start-ms on (it
 //! sleeps until then); the main thread only waits.
@@ -120,7 +121,7 @@ fn usage() -> ! {
 zernel-workload hog --name NAME --secs S [--threads N] [--busy-pct P] [--rename NEW --rename-when PATH] [--fifo PRIO]\n  \
 zernel-workload threads --count N --secs S [--wake-ms MS] [--ml]\n  \
 zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]\n  \
-zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS] [--busy-pct P]\n  \
+zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS | --open-when FILE] [--busy-pct P]\n  \
 zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]\n  \
 zernel-workload bpf-run --name NAME --secs S [--threads N]\n  \
 zernel-workload fork --name NAME --secs S --when PATH [--child-name NAME2] [--thread] [--busy-pct P]\n  \
@@ -447,6 +448,7 @@ fn reader(o: &Opts) {
     let path = o.str("open");
     let until = Instant::now() + Duration::from_secs(o.num("secs", 10));
     let open_at = Instant::now() + Duration::from_millis(o.num("after-ms", 0));
+    let open_when = o.str("open-when").map(std::path::Path::new);
     let want_fd = o.str("fd").map(|_| o.num("fd", 0) as libc::c_int);
     let pct = o.num("busy-pct", 100);
     if let Some(thread) = o.str("thread") {
@@ -459,7 +461,8 @@ fn reader(o: &Opts) {
     let mut held: Vec<File> = Vec::new();
     let mut opened = false;
     while Instant::now() < until {
-        if let Some(path) = path.filter(|_| !opened && Instant::now() >= open_at) {
+        let due = Instant::now() >= open_at && open_when.is_none_or(|w| w.exists());
+        if let Some(path) = path.filter(|_| !opened && due) {
             opened = true;
             let dev = File::open(path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
             let mut fd = std::os::fd::IntoRawFd::into_raw_fd(dev);

@@ -6,9 +6,11 @@
 # a thread reading fast, so an ML process's thread is in DataLoading, class
 # ml) hold a fake GPU device (/dev/zt_gpu0, made a device by
 # ml_device_prefixes): zt_low at a low fd from the start, zt_high at fd 40
-# from the start, zt_late at a low fd only 4 s after it started (with a new
-# mapping, as a program initialising a GPU does). A fourth process has 300
-# idle threads.
+# from the start, zt_late at a low fd only once the daemon has looked at it
+# (with a new mapping, as a program initialising a GPU does). zt_late starts
+# first; the daemon finds new processes in PID order, so once zt_low or
+# zt_high is ML in the kernel, zt_late has had its first scan, and it is told
+# to open the device (--open-when). A fourth process has 300 idle threads.
 #  run 1: the defaults (1024 fds, 32768 cached), evidence_interval_ms = 300
 #         zt_high and zt_late are ML (zt_late within 45 s of opening the
 #         device: 6-9 s on an idle host; T s), and the daemon keeps a /proc
@@ -24,12 +26,13 @@
 : >/dev/zt_gpu0
 S=150
 start_all() {
+  rm -f /tmp/zt_late.go
+  zernel-workload reader --name zt_late --secs $S --open /dev/zt_gpu0 --open-when /tmp/zt_late.go >/tmp/zt_late.out &
+  late=$!
   zernel-workload reader --name zt_low --secs $S --open /dev/zt_gpu0 >/tmp/zt_low.out &
   low=$!
   zernel-workload reader --name zt_high --secs $S --open /dev/zt_gpu0 --fd 40 >/tmp/zt_high.out &
   high=$!
-  zernel-workload reader --name zt_late --secs $S --open /dev/zt_gpu0 --after-ms 4000 >/tmp/zt_late.out &
-  late=$!
   zernel-workload threads --count 300 --secs $S --wake-ms 200 --ml >/tmp/zt_threads.out &
   thr=$!
 }
@@ -51,6 +54,8 @@ zernel_start /tmp/ok2.toml || finish
 start_all
 wait_until 30 class_is $high ml
 assert_eq "max_fds_scanned = 1024: zt_high (device at fd 40) is ML, kernel class" "$(ztask $high class)" ml
+assert_eq "zt_late has no entry before it opens the device" "$(ztask $late class)" ""
+touch /tmp/zt_late.go
 wait_until 10 opened_late
 t0=$(uptime_s)
 wait_until 45 class_is $late ml
@@ -83,6 +88,7 @@ start_all
 wait_until 30 class_is $low ml
 assert_eq "max_fds_scanned = 8: zt_low (device at fd $(sed 's/.*fd //' /tmp/zt_low.out)) is ML, kernel class" \
   "$(ztask $low class)" ml
+touch /tmp/zt_late.go
 wait_until 10 opened_late
 check "zt_late opened the device" opened_late
 watch=$(( took * 2 > 15 ? took * 2 : 15 )); [ "$watch" -gt 45 ] && watch=45
