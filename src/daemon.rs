@@ -31,9 +31,10 @@ use crossbeam::channel::Receiver;
 use tracing::{debug, info, warn};
 use scx_stats::prelude::StatsServer;
 
+use crate::bpf_intf;
 use crate::config::{Config, ConfigError};
 use crate::gpu::{self, GpuProvider};
-use crate::observe::{Changes, Observer, ProcessView, Snapshot};
+use crate::observe::{Changes, Observer, ProcEvent, ProcessView, Snapshot};
 use crate::phase::{Phase, PhaseDetector};
 use crate::policy::{Decision, Facts};
 use crate::policy_script::{self, Reopened, Script, ThreadFacts};
@@ -224,6 +225,10 @@ pub struct Pipeline {
     script: Option<Script>,
     /// Counters of the scripts replaced by reloads (the stats are cumulative).
     script_retired: policy_script::ScriptStats,
+    /// The kernel's process events reach the observer.
+    process_events: bool,
+    /// (process events, /proc listings) of observers replaced by reloads.
+    discovery_retired: (u64, u64),
 }
 
 impl Pipeline {
@@ -243,6 +248,8 @@ impl Pipeline {
         Ok(Pipeline {
             script,
             script_retired: Default::default(),
+            process_events: false,
+            discovery_retired: (0, 0),
             tenants,
             tenants_changed: false,
             observer: Observer::new(&cfg.observe),
@@ -260,6 +267,23 @@ impl Pipeline {
     pub fn note_gpu_open(&mut self, o: &sched::GpuOpen) {
         let what = format!("device open {}:{} by tid {}", o.major, o.minor, o.tid);
         self.observer.note_device_open(o.pid as i32, o.start_ticks, &what);
+    }
+
+    /// Whether the kernel's process events come (see
+    /// [`Observer::set_process_events`]).
+    pub fn set_process_events(&mut self, live: bool) {
+        self.process_events = live;
+        self.observer.set_process_events(live);
+    }
+
+    /// Processes the kernel told of (fork, exec, exit) since the last pass.
+    pub fn note_process_events(&mut self, events: &[ProcEvent]) {
+        self.observer.note_process_events(events);
+    }
+
+    /// The kernel lost events: /proc is listed in the next pass.
+    pub fn note_events_lost(&mut self) {
+        self.observer.note_events_lost();
     }
 
     /// Takes a topology read again after CPU hotplug.
@@ -298,7 +322,11 @@ impl Pipeline {
             self.gpu = gpu::open(&cfg.gpu);
         }
         if cfg.observe != self.cfg.observe {
+            let (e, l) = self.observer.discovery_counts();
+            self.discovery_retired.0 += e;
+            self.discovery_retired.1 += l;
             self.observer = Observer::new(&cfg.observe);
+            self.observer.set_process_events(self.process_events);
         }
         if cfg.phase != self.cfg.phase {
             self.detector = PhaseDetector::new(cfg.phase.clone());
@@ -489,6 +517,9 @@ impl Pipeline {
         m.script_calls = st.calls;
         m.script_errors = st.errors;
         m.script_budget_exceeded = st.budget_exceeded;
+        let (e, l) = self.observer.discovery_counts();
+        m.proc_events = self.discovery_retired.0 + e;
+        m.proc_listings = self.discovery_retired.1 + l;
     }
 }
 
@@ -790,6 +821,11 @@ fn serve(
     // GPU opens told by the kernel, with the passes since: the mark is set
     // judged once a pass saw the process (or after 50 passes: gone).
     let mut opens: Vec<(sched::GpuOpen, u32)> = Vec::new();
+    // Process events since the last pass (drained while waiting too, so the
+    // ring buffer does not fill), and the kernel's count of lost events.
+    let mut procs: Vec<ProcEvent> = Vec::new();
+    let mut lost = sched.counters()?.global[bpf_intf::zernel_global_stat_ZGSTAT_EVENT_LOST as usize];
+    pipeline.set_process_events(true);
     loop {
         let started = Instant::now();
         if shutdown.load(Ordering::Relaxed) {
@@ -818,6 +854,9 @@ fn serve(
         for o in sched.gpu_opens() {
             opens.push((o, 0));
         }
+        procs.extend(sched.proc_events());
+        pipeline.note_process_events(&procs);
+        procs.clear();
         for (o, passes) in &opens {
             if *passes == 0 {
                 pipeline.note_gpu_open(o);
@@ -842,6 +881,11 @@ fn serve(
         pipeline.fill_metrics(&mut metrics);
         let counters = sched.counters()?;
         metrics.set_counters(&counters);
+        let now_lost = counters.global[bpf_intf::zernel_global_stat_ZGSTAT_EVENT_LOST as usize];
+        if now_lost != lost {
+            lost = now_lost;
+            pipeline.note_events_lost();
+        }
         // Tenants' shares over the last second (borrowed / lent).
         if !pipeline.tenants.is_empty() && last_tenant_sample.elapsed() >= Duration::from_secs(1) {
             last_tenant_sample = Instant::now();
@@ -876,6 +920,7 @@ fn serve(
                 break;
             }
             sched.heartbeat();
+            procs.extend(sched.proc_events());
             let told = sched.gpu_opens();
             if !told.is_empty() {
                 opens.extend(told.into_iter().map(|o| (o, 0)));

@@ -8,14 +8,17 @@
 //!   pin_dir/{task_class,stats} <── inspect (another process, read-only)
 //!   /proc/devices ─────────────> gpu_majors map (after load)
 //!   fentry chrdev_open | lsm file_open ─> events ring buffer ─> gpu_opens() (non-blocking)
+//!   tp_btf sched_process_{fork,exec,exit} ─> events ─────────> proc_events()
 //! ```
 //!
 //! GPU device opens: of the two hooks of main.bpf.c one is loaded, fentry
 //! on chrdev_open where the kernel's BTF has that function, else BPF LSM
 //! file_open where `bpf` is among the active LSMs; with neither (or if its
 //! attach fails) one line says so and GPU processes are found by the /proc
-//! scan alone. The ring buffer is drained with `consume` (no wait) from the
-//! daemon's loop.
+//! scan alone. Process events (a process forked, exec'd, or its leader
+//! exited) come through the same ring buffer, so that the observer finds
+//! new work from them instead of by listing /proc. The ring buffer is
+//! drained with `consume` (no wait) from the daemon's loop.
 //!
 //! Nothing here knows about phases or /proc: a decision is a small value and
 //! the map is keyed by TID, with the task's start time to tell a recycled TID
@@ -32,6 +35,7 @@ use scx_utils::{compat, scx_ops_attach, scx_ops_load, scx_ops_open, uei_exited, 
 use crate::bpf_intf;
 use crate::bpf_skel::{BpfSkel, BpfSkelBuilder};
 use crate::devices;
+use crate::observe::{ProcEvent, ProcEventKind};
 use crate::config::{Class, SchedulerConfig};
 use crate::policy::Decision;
 use crate::tenants::Tenants;
@@ -282,6 +286,18 @@ impl GpuOpen {
     }
 }
 
+/// A process event from the ring buffer, as the observer takes it.
+fn decode_proc_event(b: &[u8]) -> Option<ProcEvent> {
+    let e = from_bytes::<bpf_intf::zernel_event>(b)?;
+    let kind = match e.kind {
+        bpf_intf::zernel_event_kind_ZEV_PROC_NEW => ProcEventKind::New,
+        bpf_intf::zernel_event_kind_ZEV_PROC_EXEC => ProcEventKind::Exec,
+        bpf_intf::zernel_event_kind_ZEV_PROC_EXIT => ProcEventKind::Exit,
+        _ => return None,
+    };
+    Some(ProcEvent { kind, pid: i32::try_from(e.pid).ok()?, start_ticks: e.start_ticks })
+}
+
 /// Which hook sees GPU device opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OpenHook {
@@ -323,6 +339,7 @@ pub struct Scheduler<'a> {
     open_link: Option<libbpf_rs::Link>,
     events: Option<libbpf_rs::RingBuffer<'static>>,
     opens: crossbeam::channel::Receiver<GpuOpen>,
+    procs: crossbeam::channel::Receiver<ProcEvent>,
     skel: BpfSkel<'a>,
     link: Option<libbpf_rs::Link>,
     pin_dir: Option<PathBuf>,
@@ -396,8 +413,17 @@ impl<'a> Scheduler<'a> {
 
         let skel = scx_ops_load!(skel, zernel_ops, uei)?;
         let (tx, opens) = crossbeam::channel::unbounded();
-        let mut sched =
-            Scheduler { open_link: None, events: None, opens, skel, link: None, pin_dir: None, nr_tenants: tenants.len() };
+        let (ptx, procs) = crossbeam::channel::unbounded();
+        let mut sched = Scheduler {
+            open_link: None,
+            events: None,
+            opens,
+            procs,
+            skel,
+            link: None,
+            pin_dir: None,
+            nr_tenants: tenants.len(),
+        };
         sched.set_tenant_weights(tenants)?;
         for g in devices::read() {
             sched.skel.maps.gpu_majors.update(&g.major.to_ne_bytes(), &g.first_minor.to_ne_bytes(), MapFlags::ANY)?;
@@ -406,6 +432,8 @@ impl<'a> Scheduler<'a> {
         rb.add(&sched.skel.maps.events, move |b: &[u8]| {
             if let Some(o) = GpuOpen::decode(b) {
                 let _ = tx.send(o);
+            } else if let Some(e) = decode_proc_event(b) {
+                let _ = ptx.send(e);
             }
             0
         })?;
@@ -448,6 +476,14 @@ impl<'a> Scheduler<'a> {
             let _ = rb.consume();
         }
         self.opens.try_iter().collect()
+    }
+
+    /// Process events the kernel told of since the last call (no wait).
+    pub fn proc_events(&self) -> Vec<ProcEvent> {
+        if let Some(rb) = &self.events {
+            let _ = rb.consume();
+        }
+        self.procs.try_iter().collect()
     }
 
     /// Marks the GPU open of a process as judged by the daemon: its threads'

@@ -139,6 +139,10 @@ pub struct Metrics {
     pub phase_transitions: u64,
     #[stat(desc = "Duration of the last observer pass (us)")]
     pub observe_pass_us: u64,
+    #[stat(desc = "Process events (fork, exec, exit) the kernel told the observer of")]
+    pub proc_events: u64,
+    #[stat(desc = "Listings of /proc (with process events: reconciliations only)")]
+    pub proc_listings: u64,
     #[stat(desc = "Config reloads applied")]
     pub reloads: u64,
     #[stat(desc = "Config reloads rejected (old config kept)")]
@@ -215,6 +219,8 @@ impl Metrics {
             decisions_written: d(self.decisions_written, prev.decisions_written),
             map_full: d(self.map_full, prev.map_full),
             phase_transitions: d(self.phase_transitions, prev.phase_transitions),
+            proc_events: d(self.proc_events, prev.proc_events),
+            proc_listings: d(self.proc_listings, prev.proc_listings),
             reloads: d(self.reloads, prev.reloads),
             reloads_rejected: d(self.reloads_rejected, prev.reloads_rejected),
             script_calls: d(self.script_calls, prev.script_calls),
@@ -254,7 +260,7 @@ impl Metrics {
         )?;
         writeln!(
             w,
-            "[zernel] threads {} ml {} | phase load/gpu/nccl/optim {}/{}/{}/{} transitions {} | pass {} us | reloads {} rejected {} | script calls {} errors {} budget {}",
+            "[zernel] threads {} ml {} | phase load/gpu/nccl/optim {}/{}/{}/{} transitions {} | pass {} us | proc events {} listings {} | reloads {} rejected {} | script calls {} errors {} budget {}",
             self.threads,
             self.ml_threads,
             self.phase_data_loading,
@@ -263,6 +269,8 @@ impl Metrics {
             self.phase_optimizer_step,
             self.phase_transitions,
             self.observe_pass_us,
+            self.proc_events,
+            self.proc_listings,
             self.reloads,
             self.reloads_rejected,
             self.script_calls,

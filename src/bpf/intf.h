@@ -115,13 +115,16 @@ enum zernel_global_stat {
 /* Ring buffer events (the `events` map), BPF to the daemon. */
 enum zernel_event_kind {
 	ZEV_GPU_OPEN	= 1,	/* a process opened a GPU device (first time) */
+	ZEV_PROC_NEW	= 2,	/* a process was forked (pid = its tgid) */
+	ZEV_PROC_EXEC	= 3,	/* a process exec'd a new program */
+	ZEV_PROC_EXIT	= 4,	/* a process's leader exited */
 };
 
 struct zernel_event {
 	u32	kind;		/* enum zernel_event_kind */
 	u32	pid;		/* process (tgid) */
-	u32	tid;		/* the thread that opened it */
-	u32	major;		/* device numbers */
+	u32	tid;		/* the thread that opened it (or forked, exec'd, exited) */
+	u32	major;		/* device numbers (GPU_OPEN; else 0) */
 	u32	minor;
 	u32	pad;
 	u64	start_ticks;	/* the process's start time, USER_HZ ticks */

@@ -29,6 +29,9 @@
  *   GPU device open ─> zernel_chrdev_open / zernel_file_open: the process
  *              is marked ML (gpu_procs) and the daemon told (events ring
  *              buffer) (see gpu_open())
+ *   process fork, exec, leader exit ─> zernel_proc_{fork,exec,exit}: the
+ *              daemon told (events), which finds new work from these
+ *              instead of listing /proc (see proc_event())
  *   lookup ─> entry (start time matches) | inherited | GPU-open mark | none
  *   RT task takes a CPU ─> zernel_rt_takes_cpu (sched_switch, 6.19+) or
  *              zernel_cpu_release (older kernels): its local queue goes
@@ -1167,6 +1170,60 @@ int BPF_PROG(zernel_file_open, struct file *file)
 
 	if ((BPF_CORE_READ(inode, i_mode) & ZERNEL_S_IFMT) == ZERNEL_S_IFCHR)
 		gpu_open(BPF_CORE_READ(inode, i_rdev));
+	return 0;
+}
+
+/*
+ * Process events: a process forked, exec'd or exited. The daemon learns of
+ * new and changed processes from these at its next pass, instead of by
+ * listing /proc, which it then does only as a slow reconciliation:
+ *
+ *   fork (child is a thread-group leader) ─> {PROC_NEW, tgid, start}
+ *   exec ─> {PROC_EXEC, tgid, start}      leader exit ─> {PROC_EXIT, ...}
+ *
+ * No wakeup: the daemon drains the ring buffer itself (every 20 ms). A full
+ * ring buffer loses the event (event_lost); the daemon then lists /proc.
+ */
+static __always_inline void proc_event(u32 kind, struct task_struct *p)
+{
+	struct zernel_event *ev;
+
+	ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
+	if (!ev) {
+		stat_glob(ZGSTAT_EVENT_LOST);
+		return;
+	}
+	ev->kind = kind;
+	ev->pid = p->tgid;
+	ev->tid = p->pid;
+	ev->major = 0;
+	ev->minor = 0;
+	ev->pad = 0;
+	ev->start_ticks = proc_start_ticks(p);
+	bpf_ringbuf_submit(ev, BPF_RB_NO_WAKEUP);
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(zernel_proc_fork, struct task_struct *parent,
+	     struct task_struct *child)
+{
+	if (child->pid == child->tgid)
+		proc_event(ZEV_PROC_NEW, child);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(zernel_proc_exec, struct task_struct *p)
+{
+	proc_event(ZEV_PROC_EXEC, p);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(zernel_proc_exit, struct task_struct *p)
+{
+	if (p->pid == p->tgid)
+		proc_event(ZEV_PROC_EXIT, p);
 	return 0;
 }
 

@@ -10,7 +10,8 @@ pub struct ObserveConfig {
     pub proc_root: String,
     /// How often (ms) each non-ML process is re-read (comm, exe, cmdline,
     /// parent, thread count, cgroup). Rescans are staggered over the passes.
-    /// ML processes are re-read every pass.
+    /// ML processes are re-read every pass. With the kernel's process
+    /// events (the scheduler attached), /proc is listed every 5 of these.
     pub rescan_interval_ms: u64,
     /// Longest time (ms) between two checks of a thread's name (renames).
     /// A new thread is checked 200 ms (or this, if shorter) after it

@@ -10,7 +10,10 @@
 //!
 //! ```text
 //!  /proc/loadavg moved? ──yes──> getdents /proc (fd kept open) ──> pids
-//!  (or every rescan_interval)                                        │
+//!  (or every rescan_interval; with process events: only every
+//!   RECONCILE_RESCANS rescan intervals)                              │
+//!  process events: fork ─> new pid; exec ─> rescan it; ─────────────>│
+//!                  exit ─> gone once /proc/PID is (reaped)           │
 //!                            ┌───────────────────────────────────────┘
 //!                            ├─ new pid ──────> discover: stat, status, cmdline, exe,
 //!                            │                  cgroup, environ, fds, maps, threads
@@ -39,7 +42,13 @@
 //! * Listing /proc walks every task of the system in the kernel (~100 µs
 //!   here, more with many threads), so it is done only when
 //!   /proc/loadavg's latest pid or task count moved (a task was created or
-//!   exited), and at least every `rescan_interval_ms`.
+//!   exited), and at least every `rescan_interval_ms`. When the scheduler
+//!   passes on the kernel's process events (fork, exec, exit:
+//!   [`Observer::note_process_events`]) a forked process is discovered at
+//!   the next pass from its event, an exec'd one rescanned then, an exited
+//!   one let go of once reaped, and /proc is listed only every
+//!   [`RECONCILE_RESCANS`] rescan intervals, or at once when the kernel lost
+//!   events.
 //! * Non-ML processes cost one stat pread per `rescan_interval_ms`,
 //!   and one comm pread per thread on a back-off schedule (200 ms after it
 //!   appears, doubling up to `thread_name_interval_ms`) to catch renames.
@@ -157,7 +166,24 @@ pub struct Observer {
     /// Device opens told for processes not discovered yet: pid -> (start
     /// time, description, when told); applied at discovery.
     opens_pending: HashMap<i32, (u64, Arc<str>, Instant)>,
+    /// The kernel tells of new, exec'd and exited processes
+    /// ([`note_process_events`](Self::note_process_events)): /proc is then
+    /// listed only every [`RECONCILE_RESCANS`] rescan intervals.
+    events_live: bool,
+    /// Processes told of as new, discovered at the next pass.
+    told_new: Vec<(i32, u64)>,
+    /// Processes told of as exited: (pid, start time, passes since), let go
+    /// of once /proc/PID is gone (reaped), for at most 50 passes.
+    told_exit: Vec<(i32, u64, u32)>,
+    /// Process events taken, and listings of /proc, since start.
+    events_taken: u64,
+    listings: u64,
 }
+
+/// With the kernel's process events, /proc is listed (a reconciliation:
+/// whatever the events missed) every this many rescan intervals (5 s by
+/// default), instead of whenever a task was created or exited.
+pub const RECONCILE_RESCANS: u32 = 5;
 
 /// Result of classifying one process.
 struct Class {
@@ -198,7 +224,52 @@ impl Observer {
             inherit_depth: cfg.ml_inherit_depth,
             warned_root: false,
             opens_pending: HashMap::new(),
+            events_live: false,
+            told_new: Vec::new(),
+            told_exit: Vec::new(),
+            events_taken: 0,
+            listings: 0,
         }
+    }
+
+    /// The kernel's process events are (`true`) or are no longer coming:
+    /// with them, new processes are discovered from the events and /proc is
+    /// listed only as a reconciliation; without, whenever /proc/loadavg
+    /// shows a task was created or exited.
+    pub fn set_process_events(&mut self, live: bool) {
+        self.events_live = live;
+        self.next_listing = Instant::now();
+    }
+
+    /// Processes the kernel told of since the last pass: a new one is
+    /// discovered in the next pass (a recycled pid's old process is gone
+    /// first), an exec'd one is rescanned then, an exited one let go of
+    /// once its /proc directory is gone.
+    pub fn note_process_events(&mut self, events: &[ProcEvent]) {
+        let now = Instant::now();
+        self.events_taken += events.len() as u64;
+        for e in events {
+            let known = self.procs.get_mut(&e.pid);
+            match (e.kind, known) {
+                (ProcEventKind::New, Some(p)) if p.view.start_ticks == e.start_ticks => {}
+                (ProcEventKind::New, _) => self.told_new.push((e.pid, e.start_ticks)),
+                (ProcEventKind::Exec, Some(p)) => p.rescan_now(now),
+                (ProcEventKind::Exec, None) => self.told_new.push((e.pid, e.start_ticks)),
+                (ProcEventKind::Exit, Some(_)) => self.told_exit.push((e.pid, e.start_ticks, 0)),
+                (ProcEventKind::Exit, None) => {}
+            }
+        }
+    }
+
+    /// The kernel lost process events (its ring buffer was full): /proc is
+    /// listed in the next pass.
+    pub fn note_events_lost(&mut self) {
+        self.next_listing = Instant::now();
+    }
+
+    /// (process events taken, /proc listings) since start.
+    pub fn discovery_counts(&self) -> (u64, u64) {
+        (self.events_taken, self.listings)
     }
 
     /// /proc files currently kept open.
@@ -248,6 +319,13 @@ impl Observer {
     /// of /proc/loadavg moved), and at least every `rescan_interval_ms`.
     /// Listing /proc costs the kernel a walk over every task of the system.
     fn listing_due(&mut self, now: Instant) -> bool {
+        if self.events_live {
+            let due = now >= self.next_listing;
+            if due {
+                self.next_listing = now + self.rescan_interval * RECONCILE_RESCANS;
+            }
+            return due;
+        }
         let (root, budget, buf) = (&self.root, &self.budget, &mut self.dir_buf);
         let load = self
             .loadavg
@@ -283,6 +361,7 @@ impl Observer {
         }
         let mut new_pids = Vec::new();
         if self.listing_due(start) {
+            self.listings += 1;
             let listed = self.proc_dir.list_numeric(
                 || self.root.clone(),
                 &self.budget,
@@ -316,6 +395,34 @@ impl Observer {
                 p.seen
             });
         }
+        // Processes the kernel told of: new ones not listed yet; a pid now
+        // another process's (another start time) loses the old one first.
+        for (pid, start_ticks) in std::mem::take(&mut self.told_new) {
+            match self.procs.get(&pid) {
+                Some(p) if p.view.start_ticks == start_ticks => {}
+                Some(p) => {
+                    p.all_gone(&mut gone);
+                    self.procs.remove(&pid);
+                    new_pids.push(pid);
+                }
+                None => new_pids.push(pid),
+            }
+        }
+        new_pids.sort_unstable();
+        new_pids.dedup();
+        let (root, procs) = (&self.root, &mut self.procs);
+        self.told_exit.retain_mut(|(pid, start_ticks, passes)| match procs.get(pid) {
+            Some(p) if p.view.start_ticks == *start_ticks => {
+                if std::fs::symlink_metadata(root.join(pid.to_string())).is_err() {
+                    p.all_gone(&mut gone);
+                    procs.remove(pid);
+                    return false;
+                }
+                *passes += 1;
+                *passes < 50
+            }
+            _ => false,
+        });
 
         let settings = ProcSettings {
             matcher: &self.matcher,

@@ -411,6 +411,13 @@ impl ProcEntry {
         Ok(())
     }
 
+    /// Makes the rescan (program, identity, cgroup; or the discovery that
+    /// the process is gone) due at the next pass: the kernel told of an
+    /// exec or an exit.
+    pub fn rescan_now(&mut self, now: Instant) {
+        self.next_rescan = now;
+    }
+
     /// Whether the non-ML rescan is due.
     pub fn rescan_due(&self, now: Instant) -> bool {
         now >= self.next_rescan

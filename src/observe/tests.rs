@@ -490,6 +490,55 @@ fn a_device_open_told_by_the_kernel_makes_a_process_ml() {
 }
 
 #[test]
+fn with_process_events_new_work_comes_from_the_events_not_from_listings() {
+    let dir = TempDir::new("observe-events");
+    let root = dir.path();
+    let mut p = FakeProc::new(60, 1, "first");
+    write_proc(root, &p);
+    // A rescan interval of 10 s: the reconciliation listing comes every 50 s.
+    let cfg = ObserveConfig { rescan_interval_ms: 10_000, ..config(root) };
+    let mut o = Observer::new(&cfg);
+    o.set_process_events(true);
+    assert!(poll(&mut o).process(60).is_some(), "the first pass lists /proc");
+    assert_eq!(o.discovery_counts(), (0, 1));
+    // A process the kernel did not tell of is not found by a listing...
+    let q = FakeProc::new(61, 60, "forked");
+    write_proc(root, &q);
+    assert!(poll(&mut o).process(61).is_none());
+    // ... one it told of is, at the next pass, without a listing.
+    o.note_process_events(&[ProcEvent { kind: ProcEventKind::New, pid: 61, start_ticks: q.start }]);
+    let s = poll(&mut o);
+    assert!(proc_of(&s, 61).changes.contains(Changes::NEW));
+    assert_eq!(o.discovery_counts(), (1, 1));
+    // An exec told: the new program is read at once (no rescan is due).
+    p.exe = "/usr/bin/second".into();
+    p.cmdline = vec!["second".into()];
+    write_proc(root, &p);
+    assert_eq!(proc_of(&poll(&mut o), 60).cmdline.as_ref(), "first");
+    o.note_process_events(&[ProcEvent { kind: ProcEventKind::Exec, pid: 60, start_ticks: p.start }]);
+    let s = poll(&mut o);
+    assert!(proc_of(&s, 60).changes.contains(Changes::EXEC));
+    assert_eq!(proc_of(&s, 60).cmdline.as_ref(), "second");
+    // An exit told: its threads are gone at the next pass.
+    remove_proc(root, 61);
+    o.note_process_events(&[ProcEvent { kind: ProcEventKind::Exit, pid: 61, start_ticks: q.start }]);
+    let s = poll(&mut o);
+    assert!(s.process(61).is_none());
+    assert_eq!(s.gone.iter().map(|g| g.tid).collect::<Vec<_>>(), vec![61]);
+    // Lost events: the next pass lists /proc and finds what they missed.
+    write_proc(root, &FakeProc::new(62, 1, "missed"));
+    assert!(poll(&mut o).process(62).is_none());
+    o.note_events_lost();
+    assert!(poll(&mut o).process(62).is_some());
+    assert_eq!(o.discovery_counts(), (3, 2));
+    // Without events, a listing finds a new process at once.
+    o.set_process_events(false);
+    poll(&mut o);
+    write_proc(root, &FakeProc::new(63, 1, "listed"));
+    assert!(poll(&mut o).process(63).is_some());
+}
+
+#[test]
 fn pid_reuse_is_a_new_process() {
     let dir = TempDir::new("observe-reuse");
     let root = dir.path();
