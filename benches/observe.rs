@@ -20,7 +20,13 @@
 //!
 //! `cargo bench --bench observe` (add `-- --quick` for 20 passes and 3 s,
 //! `-- --cpu-only` for the CPU figures alone, `-- --script-only` for the
-//! script's figures alone).
+//! script's figures alone, `-- --events-only` for the process-events
+//! figures alone).
+//!
+//! Process events: the pass time and the loop's CPU with 2,000 threads and
+//! no new processes, with /proc listed whenever /proc/loadavg moved (as
+//! `scx_zernel observe` does) and with the kernel's process events on (as
+//! the attached daemon does: /proc listed every 5 rescan intervals).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -28,10 +34,10 @@ use std::time::{Duration, Instant};
 
 use std::path::Path;
 
+use scx_zernel::config::Class;
 use scx_zernel::config::Config;
 use scx_zernel::daemon::{DecisionSink, Decisions, Pipeline};
 use scx_zernel::gpu::NoGpu;
-use scx_zernel::config::Class;
 use scx_zernel::observe::{MlEvidence, ObserveConfig, Observer, ThreadRole};
 use scx_zernel::phase::Phase;
 use scx_zernel::policy::Decision;
@@ -69,23 +75,12 @@ fn spawn(n: usize, ml: bool) -> Workload {
     if ml {
         cmd.arg("--ml");
     } else {
-        cmd.env_remove("RANK")
-            .env_remove("LOCAL_RANK")
-            .env_remove("WORLD_SIZE")
-            .env_remove("CUDA_VISIBLE_DEVICES");
+        cmd.env_remove("RANK").env_remove("LOCAL_RANK").env_remove("WORLD_SIZE").env_remove("CUDA_VISIBLE_DEVICES");
     }
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("starting zernel-workload");
+    let mut child = cmd.stdout(Stdio::piped()).spawn().expect("starting zernel-workload");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("piped"))
-        .read_line(&mut line)
-        .expect("reading the ready line");
-    assert!(
-        line.starts_with("zernel-workload threads ready"),
-        "unexpected: {line}"
-    );
+    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).expect("reading the ready line");
+    assert!(line.starts_with("zernel-workload threads ready"), "unexpected: {line}");
     Workload(child)
 }
 
@@ -105,8 +100,16 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Times `passes` observer passes at the daemon period (after a warm-up
 /// long enough for quiet threads to settle into their sampling tier).
 fn time_passes(cfg: &ObserveConfig, passes: usize) -> Timing {
+    time_passes_with(cfg, passes, false)
+}
+
+/// [`time_passes`], with the kernel's process events on (as when the
+/// scheduler is attached: none come here, so /proc is listed only at the
+/// first pass and every 5 rescan intervals) or off.
+fn time_passes_with(cfg: &ObserveConfig, passes: usize, events: bool) -> Timing {
     let gpu = NoGpu;
     let mut o = Observer::new(cfg);
+    o.set_process_events(events);
     let warmup = Instant::now();
     while warmup.elapsed() < Duration::from_millis(1500) {
         o.poll(&gpu);
@@ -162,10 +165,13 @@ fn daemon_cpu(cfg: &ObserveConfig, secs: u64) -> f64 {
 /// [`daemon_cpu`] with `[policy] script = script`; also returns the
 /// script's calls during the measured time.
 fn daemon_cpu_with(cfg: &ObserveConfig, script: &str, secs: u64) -> (f64, u64) {
-    let mut config = Config {
-        observe: cfg.clone(),
-        ..Config::default()
-    };
+    daemon_cpu_events(cfg, script, secs, false)
+}
+
+/// [`daemon_cpu_with`], with the kernel's process events on or off (see
+/// [`time_passes_with`]).
+fn daemon_cpu_events(cfg: &ObserveConfig, script: &str, secs: u64, events: bool) -> (f64, u64) {
+    let mut config = Config { observe: cfg.clone(), ..Config::default() };
     config.policy.script = script.to_string();
     let calls = |p: &Pipeline| {
         let mut m = scx_zernel::stats::Metrics::default();
@@ -174,6 +180,7 @@ fn daemon_cpu_with(cfg: &ObserveConfig, script: &str, secs: u64) -> (f64, u64) {
     };
     let topo = Topology::read(Path::new("/sys")).unwrap_or_default();
     let mut pipeline = Pipeline::new(config, topo).expect("pipeline");
+    pipeline.set_process_events(events);
     let mut decisions = Decisions::default();
     let mut pass = |pipeline: &mut Pipeline| {
         pipeline.pass();
@@ -223,7 +230,8 @@ fn bench_facts(i: usize, comm: &str) -> ThreadFacts<'_> {
 
 /// The cost of one script call and of one cached verdict.
 fn script_figures() {
-    let builtin = Some(Decision { class: Class::Latency, slice_ns: 1_000_000, cpu: -1, node: 0, tenant: -1, preempt: true });
+    let builtin =
+        Some(Decision { class: Class::Latency, slice_ns: 1_000_000, cpu: -1, node: 0, tenant: -1, preempt: true });
     let mut s = Script::load(Path::new("bench.lua"), SCRIPT, &[], Class::Normal).expect("the bench script loads");
     let n = 20_000;
     for i in 0..1000 {
@@ -266,13 +274,15 @@ fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let cpu_only = std::env::args().any(|a| a == "--cpu-only");
     let script_only = std::env::args().any(|a| a == "--script-only");
+    let events_only = std::env::args().any(|a| a == "--events-only");
     let (passes, cpu_secs) = if quick { (20, 3) } else { (50, 30) };
     let cfg = ObserveConfig::default();
-    let no_tier = ObserveConfig {
-        quiet_sample_interval_ms: 0,
-        ..ObserveConfig::default()
-    };
+    let no_tier = ObserveConfig { quiet_sample_interval_ms: 0, ..ObserveConfig::default() };
 
+    if events_only {
+        events_figures(&cfg, passes, cpu_secs);
+        return;
+    }
     script_figures();
     if script_only {
         script_cpu(&cfg, cpu_secs);
@@ -283,6 +293,7 @@ fn main() {
     }
     cpu_figures(&cfg, &no_tier, cpu_secs);
     script_cpu(&cfg, cpu_secs);
+    events_figures(&cfg, passes, cpu_secs);
 }
 
 fn pass_times(cfg: &ObserveConfig, no_tier: &ObserveConfig, passes: usize) {
@@ -291,20 +302,10 @@ fn pass_times(cfg: &ObserveConfig, no_tier: &ObserveConfig, passes: usize) {
         "observer pass time, {passes} passes at 100 ms (host without workload: {} processes, {} threads)",
         base.processes, base.threads
     );
-    println!(
-        "{:<34} {:>7} {:>8} {:>8} {:>8} {:>16}",
-        "case", "threads", "median", "p10", "p90", "per 1000 thr"
-    );
+    println!("{:<34} {:>7} {:>8} {:>8} {:>8} {:>16}", "case", "threads", "median", "p10", "p90", "per 1000 thr");
     let row = |name: &str, n: usize, t: &Timing| {
-        let per_k = if n == 0 {
-            f64::NAN
-        } else {
-            (t.median - base.median) / n as f64 * 1000.0
-        };
-        println!(
-            "{name:<34} {n:>7} {:>6.3}ms {:>6.3}ms {:>6.3}ms {:>14.3}ms",
-            t.median, t.p10, t.p90, per_k
-        );
+        let per_k = if n == 0 { f64::NAN } else { (t.median - base.median) / n as f64 * 1000.0 };
+        println!("{name:<34} {n:>7} {:>6.3}ms {:>6.3}ms {:>6.3}ms {:>14.3}ms", t.median, t.p10, t.p90, per_k);
     };
     row("host baseline", 0, &base);
     for n in [1000, 2000] {
@@ -317,11 +318,7 @@ fn pass_times(cfg: &ObserveConfig, no_tier: &ObserveConfig, passes: usize) {
             std::thread::sleep(Duration::from_millis(300));
             let t = time_passes(c, passes);
             if ml {
-                assert!(
-                    t.ml_threads > n,
-                    "the workload should be ML: {} ML threads",
-                    t.ml_threads
-                );
+                assert!(t.ml_threads > n, "the workload should be ML: {} ML threads", t.ml_threads);
             }
             row(name, n, &t);
         }
@@ -339,10 +336,28 @@ fn cpu_figures(cfg: &ObserveConfig, no_tier: &ObserveConfig, cpu_secs: u64) {
         std::thread::sleep(Duration::from_millis(300));
         println!("{name:<40} {:>6.2} % of one core", daemon_cpu(c, cpu_secs));
     }
+    println!("host baseline (no workload)               {:>6.2} % of one core", daemon_cpu(cfg, cpu_secs));
+}
+
+/// Pass time and the daemon loop's CPU with 2,000 threads and no new
+/// processes, with /proc listed whenever /proc/loadavg moved (as `observe`
+/// does) and with the kernel's process events (as the attached daemon does).
+fn events_figures(cfg: &ObserveConfig, passes: usize, cpu_secs: u64) {
     println!(
-        "host baseline (no workload)               {:>6.2} % of one core",
-        daemon_cpu(cfg, cpu_secs)
+        "
+process events: /proc listed when loadavg moved (off) vs every 5 rescan intervals (on), {passes} passes, {cpu_secs} s"
     );
+    for (name, ml) in [("(e) ML process, 2000 threads", true), ("(f) non-ML process, 2000 threads", false)] {
+        let _w = spawn(2000, ml);
+        std::thread::sleep(Duration::from_millis(300));
+        let (off, on) = (time_passes_with(cfg, passes, false), time_passes_with(cfg, passes, true));
+        let (cpu_off, _) = daemon_cpu_events(cfg, "", cpu_secs, false);
+        let (cpu_on, _) = daemon_cpu_events(cfg, "", cpu_secs, true);
+        println!(
+            "{name:<34} pass median {:.3} ms off, {:.3} ms on; CPU {cpu_off:.2} % off, {cpu_on:.2} % on",
+            off.median, on.median
+        );
+    }
 }
 
 /// The daemon loop's CPU with the policy script and 2,000 threads.

@@ -21,7 +21,8 @@
 #     build from PyPI, ~5 GB; it runs on the CPU), numpy and virtme-ng 1.42, and
 #     virtiofsd (cargo install; needs libseccomp-dev and libcap-ng-dev), with
 #     which virtme-ng boots the guest kernel on a read-only view of this root.
-# The Rust toolchain (cargo via rustup) is expected to be installed already.
+# The Rust toolchain (cargo via rustup) is expected to be installed already;
+# rustfmt and clippy (tests/lint.sh) are added with rustup if missing.
 # /etc/apt is never modified: backports are used through a private sources list.
 #
 # Every failure ends with one line naming the step and the command, e.g.
@@ -104,6 +105,12 @@ step "the Rust toolchain"
 # ---- the Rust toolchain --------------------------------------------------------------------
 if ! command -v cargo >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
   die "cargo not found: install Rust >= 1.91 with rustup (https://rustup.rs) and run this again"
+fi
+# tests/lint.sh runs rustfmt and clippy (rustup's default profile has them).
+if [ "$BUILD_ONLY" = 0 ] && ! { cargo fmt --version && cargo clippy --version; } >/dev/null 2>&1; then
+  step "rustfmt and clippy (rustup component add)"
+  command -v rustup >/dev/null || die "cargo fmt or cargo clippy missing, and no rustup to add them"
+  rustup component add rustfmt clippy
 fi
 
 # ---- PyTorch and virtme-ng in a venv, virtiofsd ---------------------------------------------------

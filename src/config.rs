@@ -159,10 +159,7 @@ impl SchedulerConfig {
             ));
         }
         if !(1024..=4_194_304).contains(&self.task_map_size) {
-            return Err(format!(
-                "scheduler.task_map_size = {} is out of range 1024..=4194304",
-                self.task_map_size
-            ));
+            return Err(format!("scheduler.task_map_size = {} is out of range 1024..=4194304", self.task_map_size));
         }
         if !DECISION_TTL_MS_RANGE.contains(&self.decision_ttl_ms) {
             return Err(format!(
@@ -240,8 +237,8 @@ impl Config {
     /// Reads, parses and validates a file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError(format!("{origin}: cannot read config: {e}")))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| ConfigError(format!("{origin}: cannot read config: {e}")))?;
         Config::parse(&text, &origin)
     }
 
@@ -287,9 +284,7 @@ mod tests {
 
     #[test]
     fn unknown_key_names_file_line_and_key() {
-        let e = Config::parse("[scheduler]\nstarvation_bound_ms = 10\nbogus = 1\n", "a.toml")
-            .unwrap_err()
-            .0;
+        let e = Config::parse("[scheduler]\nstarvation_bound_ms = 10\nbogus = 1\n", "a.toml").unwrap_err().0;
         assert!(e.starts_with("a.toml:3:1: "), "{e}");
         assert!(e.contains("bogus"), "{e}");
         assert!(!e.contains('\n'));
@@ -323,7 +318,10 @@ mod tests {
             assert!(e.starts_with("d.toml: ") && e.contains(key), "{e}");
         }
         // 0 turns wakeup preemption off; it is not out of range.
-        assert_eq!(Config::parse("[scheduler]\nwakeup_preempt_us = 0\n", "f.toml").unwrap().scheduler.wakeup_preempt_us, 0);
+        assert_eq!(
+            Config::parse("[scheduler]\nwakeup_preempt_us = 0\n", "f.toml").unwrap().scheduler.wakeup_preempt_us,
+            0
+        );
         let e = Config::parse("[scheduler]\nstarvation_bound_ms = -5\n", "e.toml").unwrap_err().0;
         assert!(e.starts_with("e.toml:2:"), "{e}");
     }

@@ -26,10 +26,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use rustc_hash::FxHashMap;
 use crossbeam::channel::Receiver;
-use tracing::{debug, info, warn};
+use rustc_hash::FxHashMap;
 use scx_stats::prelude::StatsServer;
+use tracing::{debug, info, warn};
 
 use crate::bpf_intf;
 use crate::config::{Config, ConfigError};
@@ -39,10 +39,10 @@ use crate::phase::{Phase, PhaseDetector};
 use crate::policy::{Decision, Facts};
 use crate::policy_script::{self, Reopened, Script, ThreadFacts};
 use crate::reload::{self, ReloadWatch, Stamp, Trigger};
-use crate::tenants::Tenants;
 use crate::rules::{Identity, Rules};
 use crate::sched::{self, Scheduler, WriteError};
 use crate::stats::{self, Metrics, TenantMetrics};
+use crate::tenants::Tenants;
 use crate::topology::Topology;
 
 /// Presets for scx_loader's modes, applied on top of the config file.
@@ -236,12 +236,13 @@ impl Pipeline {
         let rules = Rules::compile(&cfg.rules, &cfg.tenant_names()).map_err(anyhow::Error::msg)?;
         let tenants =
             Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?.with_default_weight(cfg.tenancy.default_weight);
-        let script = match policy_script::reopen(None, &cfg.policy.script, &cfg.tenant_names(), cfg.scheduler.default_class)
-            .map_err(anyhow::Error::msg)?
-        {
-            Reopened::New(s) => s.map(|s| *s),
-            Reopened::Same => None,
-        };
+        let script =
+            match policy_script::reopen(None, &cfg.policy.script, &cfg.tenant_names(), cfg.scheduler.default_class)
+                .map_err(anyhow::Error::msg)?
+            {
+                Reopened::New(s) => s.map(|s| *s),
+                Reopened::Same => None,
+            };
         if let Some(s) = &script {
             info!("policy script {} loaded", s.path().display());
         }
@@ -298,7 +299,11 @@ impl Pipeline {
         let tenants =
             Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?.with_default_weight(cfg.tenancy.default_weight);
         if tenants.len() != self.tenants.len() {
-            bail!("the number of [[tenants]] changed ({} -> {}): restart scx_zernel to apply", self.tenants.len(), tenants.len());
+            bail!(
+                "the number of [[tenants]] changed ({} -> {}): restart scx_zernel to apply",
+                self.tenants.len(),
+                tenants.len()
+            );
         }
         let mut topo = self.topo.clone();
         topo.apply_config(&cfg.topology).map_err(anyhow::Error::msg)?;
@@ -307,8 +312,9 @@ impl Pipeline {
             cfg.scheduler = self.cfg.scheduler.clone();
         }
         let names = cfg.tenant_names();
-        let script = policy_script::reopen(self.script.as_ref(), &cfg.policy.script, &names, cfg.scheduler.default_class)
-            .map_err(anyhow::Error::msg)?;
+        let script =
+            policy_script::reopen(self.script.as_ref(), &cfg.policy.script, &names, cfg.scheduler.default_class)
+                .map_err(anyhow::Error::msg)?;
         if let Reopened::New(s) = script {
             if let Some(s) = &s {
                 info!("policy script {} loaded", s.path().display());
@@ -607,7 +613,14 @@ impl Reloader {
                 warn!("{}: {e:#}; changes of the file are looked for once a second", path.display());
             }
         }
-        Ok(Reloader { watch, stamp: source.stamp(), last_poll: Instant::now(), changed: false, sighup: false, script: None })
+        Ok(Reloader {
+            watch,
+            stamp: source.stamp(),
+            last_poll: Instant::now(),
+            changed: false,
+            sighup: false,
+            script: None,
+        })
     }
 
     /// Also reloads when the policy script changes (`""`: none); called
@@ -697,8 +710,11 @@ pub fn version() -> &'static str {
     static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     VERSION.get_or_init(|| {
         let sha = env!("ZERNEL_GIT_SHA");
-        let semver =
-            if sha.is_empty() { env!("CARGO_PKG_VERSION").to_string() } else { format!("{}-g{sha}", env!("CARGO_PKG_VERSION")) };
+        let semver = if sha.is_empty() {
+            env!("CARGO_PKG_VERSION").to_string()
+        } else {
+            format!("{}-g{sha}", env!("CARGO_PKG_VERSION"))
+        };
         scx_utils::build_id::full_version(&semver)
     })
 }

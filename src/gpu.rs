@@ -99,11 +99,7 @@ pub struct GpuConfig {
 
 impl Default for GpuConfig {
     fn default() -> Self {
-        GpuConfig {
-            provider: ProviderKind::Auto,
-            file: String::new(),
-            nvml_sample_window_ms: 1000,
-        }
+        GpuConfig { provider: ProviderKind::Auto, file: String::new(), nvml_sample_window_ms: 1000 }
     }
 }
 
@@ -192,12 +188,7 @@ pub struct FileProvider {
 
 impl FileProvider {
     pub fn new(path: PathBuf) -> FileProvider {
-        FileProvider {
-            path,
-            devices: Vec::new(),
-            processes: Vec::new(),
-            reported_missing: false,
-        }
+        FileProvider { path, devices: Vec::new(), processes: Vec::new(), reported_missing: false }
     }
 
     /// Parses the file format; Err on malformed JSON.
@@ -218,11 +209,7 @@ impl FileProvider {
             .processes
             .into_iter()
             .filter(|p| p.pid > 0)
-            .map(|p| GpuProcess {
-                pid: p.pid,
-                device: p.device,
-                sm_util_pct: p.sm_util.min(100),
-            })
+            .map(|p| GpuProcess { pid: p.pid, device: p.device, sm_util_pct: p.sm_util.min(100) })
             .collect();
         Ok((devices, processes))
     }
@@ -248,10 +235,7 @@ impl GpuProvider for FileProvider {
             }
             Err(e) => {
                 if !self.reported_missing {
-                    tracing::info!(
-                        "gpu file {}: {e}; no GPU data until it appears",
-                        self.path.display()
-                    );
+                    tracing::info!("gpu file {}: {e}; no GPU data until it appears", self.path.display());
                     self.reported_missing = true;
                 }
                 self.devices.clear();
@@ -324,10 +308,7 @@ impl GpuProvider for NvmlProvider {
                 return;
             }
         };
-        let now_us = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_micros() as u64)
-            .unwrap_or(0);
+        let now_us = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
         let since = now_us.saturating_sub(self.window_us);
         let mut devices = Vec::with_capacity(count as usize);
         let mut processes: Vec<(GpuProcess, u64)> = Vec::new();
@@ -342,9 +323,7 @@ impl GpuProvider for NvmlProvider {
             };
             // uuid and bus id never change: keep the previous ones.
             let known = self.devices.iter().find(|d| d.index == index);
-            let uuid = known
-                .map(|d| d.uuid.clone())
-                .unwrap_or_else(|| dev.uuid().unwrap_or_default());
+            let uuid = known.map(|d| d.uuid.clone()).unwrap_or_else(|| dev.uuid().unwrap_or_default());
             let pci_bus_id = known
                 .map(|d| d.pci_bus_id.clone())
                 .unwrap_or_else(|| dev.pci_info().map(|p| p.bus_id).unwrap_or_default());
@@ -355,39 +334,18 @@ impl GpuProvider for NvmlProvider {
                     0
                 }
             };
-            devices.push(GpuDevice {
-                index,
-                uuid,
-                pci_bus_id,
-                util_pct,
-            });
+            devices.push(GpuDevice { index, uuid, pci_bus_id, util_pct });
             if let Ok(list) = dev.running_compute_processes() {
                 for p in list {
-                    processes.push((
-                        GpuProcess {
-                            pid: p.pid,
-                            device: index,
-                            sm_util_pct: 0,
-                        },
-                        0,
-                    ));
+                    processes.push((GpuProcess { pid: p.pid, device: index, sm_util_pct: 0 }, 0));
                 }
             }
             match dev.process_utilization_stats(since) {
                 Ok(samples) => {
                     for s in samples {
-                        let cur = (
-                            GpuProcess {
-                                pid: s.pid,
-                                device: index,
-                                sm_util_pct: s.sm_util.min(100),
-                            },
-                            s.timestamp,
-                        );
-                        match processes
-                            .iter_mut()
-                            .find(|(p, _)| p.pid == s.pid && p.device == index)
-                        {
+                        let cur =
+                            (GpuProcess { pid: s.pid, device: index, sm_util_pct: s.sm_util.min(100) }, s.timestamp);
+                        match processes.iter_mut().find(|(p, _)| p.pid == s.pid && p.device == index) {
                             Some(slot) if slot.1 <= s.timestamp => *slot = cur,
                             Some(_) => {}
                             None => processes.push(cur),
@@ -419,8 +377,7 @@ mod tests {
     use super::*;
 
     fn temp_file(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("zernel-gpu-test-{}-{name}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("zernel-gpu-test-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir.join("gpu.json")
     }
@@ -431,10 +388,7 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let mut p = FileProvider::new(path.clone());
         p.refresh();
-        assert!(
-            p.devices().is_empty() && p.processes().is_empty(),
-            "missing file: no data"
-        );
+        assert!(p.devices().is_empty() && p.processes().is_empty(), "missing file: no data");
 
         std::fs::write(
             &path,
@@ -446,22 +400,10 @@ mod tests {
         assert_eq!(p.devices().len(), 2);
         assert_eq!(
             p.devices()[0],
-            GpuDevice {
-                index: 1,
-                uuid: "GPU-x".into(),
-                pci_bus_id: "0000:3b:00.0".into(),
-                util_pct: 100
-            }
+            GpuDevice { index: 1, uuid: "GPU-x".into(), pci_bus_id: "0000:3b:00.0".into(), util_pct: 100 }
         );
         assert_eq!(p.devices()[1].index, 1, "index defaults to the position");
-        assert_eq!(
-            p.processes(),
-            &[GpuProcess {
-                pid: 42,
-                device: 1,
-                sm_util_pct: 77
-            }]
-        );
+        assert_eq!(p.processes(), &[GpuProcess { pid: 42, device: 1, sm_util_pct: 77 }]);
 
         // Caught mid-write: previous data stays.
         std::fs::write(&path, r#"{"devices":[{"index":0,"ut"#).unwrap();
@@ -481,26 +423,15 @@ mod tests {
 
     #[test]
     fn config_selection_and_validation() {
-        let cfg = GpuConfig {
-            provider: ProviderKind::File,
-            file: String::new(),
-            ..Default::default()
-        };
+        let cfg = GpuConfig { provider: ProviderKind::File, file: String::new(), ..Default::default() };
         assert!(cfg.validate().unwrap_err().contains("gpu.file"));
-        let cfg = GpuConfig {
-            nvml_sample_window_ms: 0,
-            ..Default::default()
-        };
-        assert!(cfg
-            .validate()
-            .unwrap_err()
-            .contains("gpu.nvml_sample_window_ms"));
+        let cfg = GpuConfig { nvml_sample_window_ms: 0, ..Default::default() };
+        assert!(cfg.validate().unwrap_err().contains("gpu.nvml_sample_window_ms"));
         GpuConfig::default().validate().unwrap();
 
         let cfg: GpuConfig = toml::from_str("provider = \"none\"").unwrap();
         assert_eq!(open(&cfg).name(), "none");
-        let cfg: GpuConfig =
-            toml::from_str("provider = \"file\"\nfile = \"/nonexistent/gpu.json\"").unwrap();
+        let cfg: GpuConfig = toml::from_str("provider = \"file\"\nfile = \"/nonexistent/gpu.json\"").unwrap();
         assert_eq!(open(&cfg).name(), "file");
         assert!(toml::from_str::<GpuConfig>("provider = \"cuda\"").is_err());
         assert!(toml::from_str::<GpuConfig>("unknown = 1").is_err());

@@ -154,8 +154,8 @@ fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     let rust_log = std::env::var("RUST_LOG").ok();
-    if let Err(e) = logging::filter(cli.log_level.as_deref(), rust_log.as_deref())
-        .and_then(|f| logging::init(f, cli.log_format))
+    if let Err(e) =
+        logging::filter(cli.log_level.as_deref(), rust_log.as_deref()).and_then(|f| logging::init(f, cli.log_format))
     {
         eprintln!("scx_zernel: {e:#}");
         return ExitCode::FAILURE;

@@ -162,7 +162,8 @@ fn encode_tenants(
     for field in fields.keys() {
         let name = format!("tenant_{field}");
         let help = escape_help(meta.fields.get(field).and_then(|f| f.attrs.desc.as_deref()).unwrap_or(field));
-        let mut family = encoder.encode_descriptor(&name, &help, None, prometheus_client::metrics::MetricType::Gauge)?;
+        let mut family =
+            encoder.encode_descriptor(&name, &help, None, prometheus_client::metrics::MetricType::Gauge)?;
         for (tenant, v) in &rows {
             if let Some(x) = v.get(field).and_then(|x| x.as_f64()) {
                 let labels = [("tenant", tenant.as_str())];
@@ -285,10 +286,13 @@ fn answer(mut stream: TcpStream, current: &Mutex<Metrics>) -> std::io::Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
-    use openmetrics_parser::{openmetrics, prometheus, OpenMetricsType, OpenMetricsValue, PrometheusType, PrometheusValue};
+    use openmetrics_parser::{
+        openmetrics, prometheus, OpenMetricsType, OpenMetricsValue, PrometheusType, PrometheusValue,
+    };
 
     fn sample() -> Metrics {
-        let mut m = Metrics { ml_enqueued: 42, threads: 7, phase_transitions: 3, map_capacity: 65536, ..Default::default() };
+        let mut m =
+            Metrics { ml_enqueued: 42, threads: 7, phase_transitions: 3, map_capacity: 65536, ..Default::default() };
         let t = crate::stats::TenantMetrics::compute(&[30, 10], &[3072, 1024]);
         m.tenants = [("a\"x".to_string(), t[0].clone()), ("b".to_string(), t[1].clone())].into();
         m
@@ -356,7 +360,8 @@ mod tests {
             let want = if gauge { PrometheusType::Gauge } else { PrometheusType::Counter };
             assert_eq!(fam.family_type, want, "{name}");
         }
-        let PrometheusValue::Counter(c) = &exp.families["zernel_ml_enqueued_total"].iter_samples().next().unwrap().value
+        let PrometheusValue::Counter(c) =
+            &exp.families["zernel_ml_enqueued_total"].iter_samples().next().unwrap().value
         else {
             panic!()
         };

@@ -31,8 +31,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Result};
-use tracing::warn;
 use serde::Serialize;
+use tracing::warn;
 
 use crate::config::{Class, Config};
 use crate::daemon::Pipeline;

@@ -52,13 +52,8 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub const ALL: [Phase; 5] = [
-        Phase::DataLoading,
-        Phase::GpuCompute,
-        Phase::NcclCollective,
-        Phase::OptimizerStep,
-        Phase::Unknown,
-    ];
+    pub const ALL: [Phase; 5] =
+        [Phase::DataLoading, Phase::GpuCompute, Phase::NcclCollective, Phase::OptimizerStep, Phase::Unknown];
     pub const COUNT: usize = 5;
 
     /// Position in [`Phase::ALL`] (for per-phase arrays).
@@ -168,10 +163,7 @@ impl PhaseConfig {
         frac("optimizer_min_busy_frac", self.optimizer_min_busy_frac)?;
         frac("nccl_min_busy_frac", self.nccl_min_busy_frac)?;
         for (key, v) in [
-            (
-                "optimizer_max_voluntary_per_sec",
-                self.optimizer_max_voluntary_per_sec,
-            ),
+            ("optimizer_max_voluntary_per_sec", self.optimizer_max_voluntary_per_sec),
             ("nccl_min_switches_per_sec", self.nccl_min_switches_per_sec),
         ] {
             if !v.is_finite() || v < 0.0 {
@@ -248,12 +240,7 @@ pub struct PhaseDetector {
 
 impl PhaseDetector {
     pub fn new(cfg: PhaseConfig) -> PhaseDetector {
-        PhaseDetector {
-            cfg,
-            tracks: FxHashMap::default(),
-            stats: PhaseStats::default(),
-            generation: 0,
-        }
+        PhaseDetector { cfg, tracks: FxHashMap::default(), stats: PhaseStats::default(), generation: 0 }
     }
 
     /// The adopted phase of a thread (Unknown when not tracked).
@@ -275,20 +262,8 @@ impl PhaseDetector {
         self.tracks.remove(&tid);
     }
 
-    fn adopt(
-        stats: &mut PhaseStats,
-        tid: i32,
-        t: &mut Track,
-        to: Phase,
-        out: &mut Vec<PhaseChange>,
-    ) {
-        out.push(PhaseChange {
-            tid,
-            tgid: t.tgid,
-            start_ticks: t.start_ticks,
-            from: t.phase,
-            to,
-        });
+    fn adopt(stats: &mut PhaseStats, tid: i32, t: &mut Track, to: Phase, out: &mut Vec<PhaseChange>) {
+        out.push(PhaseChange { tid, tgid: t.tgid, start_ticks: t.start_ticks, from: t.phase, to });
         stats.entered[to.index()] += 1;
         stats.transitions += 1;
         t.phase = to;
@@ -306,11 +281,7 @@ impl PhaseDetector {
         let sweep = generation % SWEEP_EVERY == 1;
         let mut out = Vec::new();
         for g in &snap.gone {
-            if self
-                .tracks
-                .get(&g.tid)
-                .is_some_and(|t| t.start_ticks == g.start_ticks)
-            {
+            if self.tracks.get(&g.tid).is_some_and(|t| t.start_ticks == g.start_ticks) {
                 self.tracks.remove(&g.tid);
             }
         }

@@ -65,16 +65,8 @@ impl Default for PolicyConfig {
             ml_unknown: Some(Class::Ml),
             data_loading: PhasePolicy { class: Class::Ml, preempt: false, latency_target_us: 8000 },
             gpu_compute: PhasePolicy { class: Class::Latency, preempt: true, latency_target_us: 2000 },
-            nccl_collective: PhasePolicy {
-                class: Class::Latency,
-                preempt: true,
-                latency_target_us: 1000,
-            },
-            optimizer_step: PhasePolicy {
-                class: Class::Ml,
-                preempt: false,
-                latency_target_us: 16000,
-            },
+            nccl_collective: PhasePolicy { class: Class::Latency, preempt: true, latency_target_us: 1000 },
+            optimizer_step: PhasePolicy { class: Class::Ml, preempt: false, latency_target_us: 16000 },
             script: String::new(),
         }
     }
@@ -199,9 +191,9 @@ mod class_or_none {
         }
         match Class::ALL.iter().find(|c| c.name() == name) {
             Some(&c) => Ok(Some(c)),
-            None => Err(D::Error::custom(format!(
-                "unknown class '{name}', expected none, latency, ml, normal or batch"
-            ))),
+            None => {
+                Err(D::Error::custom(format!("unknown class '{name}', expected none, latency, ml, normal or batch")))
+            }
         }
     }
 }
@@ -213,13 +205,36 @@ mod tests {
     #[test]
     fn every_ml_phase_has_a_decision_and_unknown_has_none() {
         let p = PolicyConfig::default();
-        assert_eq!(p.decide(&Facts { ml: false, rule: None, phase: Phase::Unknown, node: None, tenant: None }, Class::Normal), None);
-        let gc = p.decide(&Facts { ml: false, rule: None, phase: Phase::GpuCompute, node: None, tenant: None }, Class::Normal).unwrap();
+        assert_eq!(
+            p.decide(&Facts { ml: false, rule: None, phase: Phase::Unknown, node: None, tenant: None }, Class::Normal),
+            None
+        );
+        let gc = p
+            .decide(&Facts { ml: false, rule: None, phase: Phase::GpuCompute, node: None, tenant: None }, Class::Normal)
+            .unwrap();
         assert_eq!((gc.class, gc.preempt, gc.slice_ns, gc.node), (Class::Latency, true, 1_000_000, -1));
-        let nc = p.decide(&Facts { ml: false, rule: None, phase: Phase::NcclCollective, node: Some(1), tenant: None }, Class::Normal).unwrap();
+        let nc = p
+            .decide(
+                &Facts { ml: false, rule: None, phase: Phase::NcclCollective, node: Some(1), tenant: None },
+                Class::Normal,
+            )
+            .unwrap();
         assert_eq!((nc.class, nc.node), (Class::Latency, 1));
-        assert_eq!(p.decide(&Facts { ml: false, rule: None, phase: Phase::DataLoading, node: None, tenant: None }, Class::Normal).unwrap().class, Class::Ml);
-        let os = p.decide(&Facts { ml: false, rule: None, phase: Phase::OptimizerStep, node: None, tenant: None }, Class::Normal).unwrap();
+        assert_eq!(
+            p.decide(
+                &Facts { ml: false, rule: None, phase: Phase::DataLoading, node: None, tenant: None },
+                Class::Normal
+            )
+            .unwrap()
+            .class,
+            Class::Ml
+        );
+        let os = p
+            .decide(
+                &Facts { ml: false, rule: None, phase: Phase::OptimizerStep, node: None, tenant: None },
+                Class::Normal,
+            )
+            .unwrap();
         assert_eq!((os.class, os.preempt, os.slice_ns), (Class::Ml, false, 8_000_000));
     }
 
@@ -227,23 +242,41 @@ mod tests {
     fn rule_class_wins_and_phase_refines() {
         let p = PolicyConfig::default();
         let r = RuleVerdict { class: Some(Class::Batch), slice_us: None, cpu: Some(3) };
-        let d = p.decide(&Facts { ml: false, rule: Some(r), phase: Phase::GpuCompute, node: None, tenant: None }, Class::Normal).unwrap();
+        let d = p
+            .decide(
+                &Facts { ml: false, rule: Some(r), phase: Phase::GpuCompute, node: None, tenant: None },
+                Class::Normal,
+            )
+            .unwrap();
         assert_eq!((d.class, d.preempt, d.slice_ns, d.cpu), (Class::Batch, true, 1_000_000, 3));
-        let d = p.decide(&Facts { ml: false, rule: Some(r), phase: Phase::Unknown, node: None, tenant: None }, Class::Normal).unwrap();
+        let d = p
+            .decide(&Facts { ml: false, rule: Some(r), phase: Phase::Unknown, node: None, tenant: None }, Class::Normal)
+            .unwrap();
         assert_eq!((d.class, d.preempt, d.slice_ns), (Class::Batch, false, 0));
         let r = RuleVerdict { slice_us: Some(500), ..Default::default() };
-        let d = p.decide(&Facts { ml: false, rule: Some(r), phase: Phase::DataLoading, node: None, tenant: None }, Class::Normal).unwrap();
+        let d = p
+            .decide(
+                &Facts { ml: false, rule: Some(r), phase: Phase::DataLoading, node: None, tenant: None },
+                Class::Normal,
+            )
+            .unwrap();
         assert_eq!((d.class, d.slice_ns), (Class::Ml, 500_000));
         // A rule with only a slice keeps the default class.
-        let d = p.decide(&Facts { ml: false, rule: Some(r), phase: Phase::Unknown, node: None, tenant: None }, Class::Batch).unwrap();
+        let d = p
+            .decide(&Facts { ml: false, rule: Some(r), phase: Phase::Unknown, node: None, tenant: None }, Class::Batch)
+            .unwrap();
         assert_eq!((d.class, d.slice_ns), (Class::Batch, 500_000));
         // A GPU's node alone gives a placement in the default class.
-        let d = p.decide(&Facts { ml: false, rule: None, phase: Phase::Unknown, node: Some(1), tenant: None }, Class::Normal).unwrap();
+        let d = p
+            .decide(&Facts { ml: false, rule: None, phase: Phase::Unknown, node: Some(1), tenant: None }, Class::Normal)
+            .unwrap();
         assert_eq!((d.class, d.node, d.slice_ns, d.preempt, d.tenant), (Class::Normal, 1, 0, false, -1));
         // A tenant alone too, and the tenant rides along with a phase.
         let d = p.decide(&Facts { tenant: Some(2), ..Default::default() }, Class::Batch).unwrap();
         assert_eq!((d.class, d.tenant), (Class::Batch, 2));
-        let d = p.decide(&Facts { tenant: Some(0), phase: Phase::DataLoading, ..Default::default() }, Class::Normal).unwrap();
+        let d = p
+            .decide(&Facts { tenant: Some(0), phase: Phase::DataLoading, ..Default::default() }, Class::Normal)
+            .unwrap();
         assert_eq!((d.class, d.tenant), (Class::Ml, 0));
         // Nothing to say: no decision.
         assert_eq!(p.decide(&Facts { rule: Some(RuleVerdict::default()), ..Default::default() }, Class::Normal), None);

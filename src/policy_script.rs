@@ -246,8 +246,8 @@ impl Script {
     /// names (a decision's `tenant` is one of them); `default_class` is the
     /// class of a decision the script makes for a thread with no built-in one.
     pub fn open(path: &Path, tenants: &[&str], default_class: Class) -> Result<Script, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("{}: cannot read policy script: {e}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read policy script: {e}", path.display()))?;
         Script::load(path, &text, tenants, default_class)
     }
 
@@ -292,17 +292,13 @@ impl Script {
             last_error: None,
         };
         s.arm();
-        s.lua
-            .load(text)
-            .set_name(format!("@{}", path.display()))
-            .exec()
-            .map_err(|e| {
-                if s.exceeded.load(Ordering::Relaxed) {
-                    format!("{}: its top level ran out of the instruction budget ({INSTRUCTION_BUDGET})", path.display())
-                } else {
-                    one_line(path, &e)
-                }
-            })?;
+        s.lua.load(text).set_name(format!("@{}", path.display())).exec().map_err(|e| {
+            if s.exceeded.load(Ordering::Relaxed) {
+                format!("{}: its top level ran out of the instruction budget ({INSTRUCTION_BUDGET})", path.display())
+            } else {
+                one_line(path, &e)
+            }
+        })?;
         match s.lua.globals().get::<Value>("decide") {
             Ok(Value::Function(f)) => s.decide = f,
             _ => return Err(format!("{}: defines no function decide(t)", path.display())),
@@ -313,7 +309,10 @@ impl Script {
     /// Whether `path`/`text` with these tenants is this script (a reload
     /// that leaves it as it is keeps the state and the cached verdicts).
     pub fn is_same(&self, path: &Path, text: &str, tenants: &[&str], default_class: Class) -> bool {
-        self.path == path && self.text == text && self.tenants.iter().eq(tenants.iter().copied()) && self.default_class == default_class
+        self.path == path
+            && self.text == text
+            && self.tenants.iter().eq(tenants.iter().copied())
+            && self.default_class == default_class
     }
 
     pub fn path(&self) -> &Path {
@@ -372,13 +371,19 @@ impl Script {
     pub fn call(&mut self, f: &ThreadFacts, builtin: Option<Decision>) -> Verdict {
         self.stats.calls += 1;
         self.arm();
-        let r = self.facts_table(f, builtin).and_then(|t| self.decide.call::<Value>(t)).and_then(|v| self.parse(v, builtin));
+        let r = self
+            .facts_table(f, builtin)
+            .and_then(|t| self.decide.call::<Value>(t))
+            .and_then(|v| self.parse(v, builtin));
         let v = match r {
             Ok(Ok(v)) => return v,
             Ok(Err(msg)) => (Failure::Error, format!("{}: decide returned {msg}", self.path.display())),
             Err(_) if self.exceeded.load(Ordering::Relaxed) => (
                 Failure::Budget,
-                format!("{}: decide ran out of the instruction budget ({INSTRUCTION_BUDGET} instructions)", self.path.display()),
+                format!(
+                    "{}: decide ran out of the instruction budget ({INSTRUCTION_BUDGET} instructions)",
+                    self.path.display()
+                ),
             ),
             Err(e) => (Failure::Error, one_line(&self.path, &e)),
         };
@@ -494,7 +499,12 @@ impl Script {
                                 d.node = n as i32
                             }
                         }
-                        _ => return Ok(Err(format!("{key} = {}: expected -1..{max}", v.to_string().unwrap_or_default()))),
+                        _ => {
+                            return Ok(Err(format!(
+                                "{key} = {}: expected -1..{max}",
+                                v.to_string().unwrap_or_default()
+                            )))
+                        }
                     }
                 }
                 "tenant" => {
@@ -533,7 +543,12 @@ pub enum Reopened {
 
 /// The script a configuration asks for, given the running one. Err (one
 /// line, naming the file and line) leaves the caller's script as it is.
-pub fn reopen(current: Option<&Script>, path: &str, tenants: &[&str], default_class: Class) -> Result<Reopened, String> {
+pub fn reopen(
+    current: Option<&Script>,
+    path: &str,
+    tenants: &[&str],
+    default_class: Class,
+) -> Result<Reopened, String> {
     if path.is_empty() {
         return Ok(if current.is_none() { Reopened::Same } else { Reopened::New(None) });
     }

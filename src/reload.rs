@@ -132,7 +132,8 @@ impl ReloadWatch {
             return Ok(());
         }
         let Some(w) = &mut self.watcher else { return self.on_file(file) };
-        w.watch(&dir, RecursiveMode::NonRecursive).with_context(|| format!("watching {} with inotify", dir.display()))?;
+        w.watch(&dir, RecursiveMode::NonRecursive)
+            .with_context(|| format!("watching {} with inotify", dir.display()))?;
         self.dirs.push(dir);
         Ok(())
     }

@@ -70,7 +70,10 @@ impl RuleConfig {
         let tenant = match &self.tenant {
             None => None,
             Some(t) => Some(
-                tenants.iter().position(|n| n == t).ok_or_else(|| format!("tenant = {t:?}: no [[tenants]] entry has that name"))?,
+                tenants
+                    .iter()
+                    .position(|n| n == t)
+                    .ok_or_else(|| format!("tenant = {t:?}: no [[tenants]] entry has that name"))?,
             ),
         };
         let re = |key: &str, v: &Option<String>| -> Result<Option<Regex>, String> {

@@ -29,14 +29,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::{AsRawLibbpf, MapCore, MapFlags, MapHandle, OpenObject};
-use tracing::{info, warn};
 use scx_utils::{compat, scx_ops_attach, scx_ops_load, scx_ops_open, uei_exited, uei_report, UserExitInfo};
+use tracing::{info, warn};
 
 use crate::bpf_intf;
 use crate::bpf_skel::{BpfSkel, BpfSkelBuilder};
+use crate::config::{Class, SchedulerConfig};
 use crate::devices;
 use crate::observe::{ProcEvent, ProcEventKind};
-use crate::config::{Class, SchedulerConfig};
 use crate::policy::Decision;
 use crate::tenants::Tenants;
 use crate::topology::Topology;
@@ -71,9 +71,7 @@ pub fn check_kernel() -> Result<()> {
 /// (`scx_bpf_dsq_reenq`, 7.1+, or `scx_bpf_reenqueue_local___v2`, 6.19+), the
 /// same kfuncs the BPF side's `scx_bpf_reenqueue_local_from_anywhere` tries.
 fn reenqueue_from_anywhere() -> bool {
-    ["scx_bpf_dsq_reenq", "scx_bpf_reenqueue_local___v2"]
-        .iter()
-        .any(|k| compat::ksym_exists(k).unwrap_or(false))
+    ["scx_bpf_dsq_reenq", "scx_bpf_reenqueue_local___v2"].iter().any(|k| compat::ksym_exists(k).unwrap_or(false))
 }
 
 fn encode(d: &Decision, start_ticks: u64) -> bpf_intf::task_class {
@@ -116,12 +114,32 @@ pub struct Counters {
 }
 
 /// Names of the per-class counters, in `enum zernel_class_stat` order.
-pub const CLASS_STAT_NAMES: [&str; bpf_intf::zernel_class_stat_ZSTAT_CLASS_NR as usize] = ["enqueued", "dispatched", "direct", "preempted", "starved", "wake_preempt"];
+pub const CLASS_STAT_NAMES: [&str; bpf_intf::zernel_class_stat_ZSTAT_CLASS_NR as usize] =
+    ["enqueued", "dispatched", "direct", "preempted", "starved", "wake_preempt"];
 /// Names of the global counters, in `enum zernel_global_stat` order.
 pub const GLOBAL_STAT_NAMES: [&str; bpf_intf::zernel_global_stat_ZGSTAT_NR as usize] = [
-    "map_hit", "map_miss", "map_stale", "pref_cpu", "pref_node", "idle_near", "idle_far", "steal", "kick",
-    "exit_del", "tenant_dispatch", "map_expired", "migration_disabled", "cpu_taken", "inherited", "inherit_hit",
-    "inherit_end", "first_dec", "enq_before_dec", "gpu_open", "gpu_hit", "event_lost",
+    "map_hit",
+    "map_miss",
+    "map_stale",
+    "pref_cpu",
+    "pref_node",
+    "idle_near",
+    "idle_far",
+    "steal",
+    "kick",
+    "exit_del",
+    "tenant_dispatch",
+    "map_expired",
+    "migration_disabled",
+    "cpu_taken",
+    "inherited",
+    "inherit_hit",
+    "inherit_end",
+    "first_dec",
+    "enq_before_dec",
+    "gpu_open",
+    "gpu_hit",
+    "event_lost",
 ];
 
 impl Counters {
@@ -150,10 +168,8 @@ impl Counters {
 }
 
 fn read_counters(map: &dyn MapCore) -> Result<Counters> {
-    let vals = map
-        .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
-        .context("reading the stats map")?
-        .unwrap_or_default();
+    let vals =
+        map.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY).context("reading the stats map")?.unwrap_or_default();
     Ok(Counters::from_percpu(&vals))
 }
 
@@ -175,10 +191,7 @@ pub struct Tunables {
 }
 
 fn read_tunables(map: &dyn MapCore) -> Result<Tunables> {
-    let b = map
-        .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
-        .context("reading the tunables map")?
-        .unwrap_or_default();
+    let b = map.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).context("reading the tunables map")?.unwrap_or_default();
     decode_tunables(&b)
 }
 
@@ -310,7 +323,9 @@ impl OpenHook {
     fn detect() -> OpenHook {
         if kernel_has_func("chrdev_open") {
             OpenHook::Fentry
-        } else if std::fs::read_to_string("/sys/kernel/security/lsm").is_ok_and(|s| s.trim().split(',').any(|l| l == "bpf")) {
+        } else if std::fs::read_to_string("/sys/kernel/security/lsm")
+            .is_ok_and(|s| s.trim().split(',').any(|l| l == "bpf"))
+        {
             OpenHook::Lsm
         } else {
             OpenHook::None
@@ -466,7 +481,9 @@ impl<'a> Scheduler<'a> {
                 self.open_link = Some(l);
                 info!("GPU device opens seen by {what}");
             }
-            Err(e) => info!("GPU device opens: attaching {what} failed ({e}); GPU processes are found by the /proc scan"),
+            Err(e) => {
+                info!("GPU device opens: attaching {what} failed ({e}); GPU processes are found by the /proc scan")
+            }
         }
     }
 
@@ -516,11 +533,9 @@ impl<'a> Scheduler<'a> {
     /// Writes one thread's decision.
     pub fn write(&self, tid: u32, start_ticks: u64, d: &Decision) -> Result<(), WriteError> {
         let v = encode(d, start_ticks);
-        self.skel.maps.task_class.update(&tid.to_ne_bytes(), as_bytes(&v), MapFlags::ANY).map_err(|e| {
-            match e.kind() {
-                libbpf_rs::ErrorKind::TooBig => WriteError::Full,
-                _ => WriteError::Other(e.to_string()),
-            }
+        self.skel.maps.task_class.update(&tid.to_ne_bytes(), as_bytes(&v), MapFlags::ANY).map_err(|e| match e.kind() {
+            libbpf_rs::ErrorKind::TooBig => WriteError::Full,
+            _ => WriteError::Other(e.to_string()),
         })
     }
 
@@ -528,7 +543,11 @@ impl<'a> Scheduler<'a> {
     /// the default share's at index `nr_tenants`.
     pub fn set_tenant_weights(&self, tenants: &Tenants) -> Result<()> {
         if tenants.len() != self.nr_tenants {
-            bail!("the number of tenants changed ({} -> {}): restart scx_zernel to apply", self.nr_tenants, tenants.len());
+            bail!(
+                "the number of tenants changed ({} -> {}): restart scx_zernel to apply",
+                self.nr_tenants,
+                tenants.len()
+            );
         }
         for (i, w) in tenants.weights().iter().enumerate() {
             self.skel.maps.tenant_weight.update(&(i as u32).to_ne_bytes(), &w.to_ne_bytes(), MapFlags::ANY)?;

@@ -87,7 +87,9 @@ pub struct Metrics {
     pub normal_dispatched: u64,
     #[stat(desc = "Dispatches from the batch queues")]
     pub batch_dispatched: u64,
-    #[stat(desc = "Tasks sent straight to an idle CPU, or kept by their CPU at a slice end with nothing else to run (all classes)")]
+    #[stat(
+        desc = "Tasks sent straight to an idle CPU, or kept by their CPU at a slice end with nothing else to run (all classes)"
+    )]
     pub direct: u64,
     #[stat(desc = "Wakeups that preempted a lower class (all classes)")]
     pub preempted: u64,
@@ -304,7 +306,10 @@ pub fn server_data() -> StatsServerData<(), Metrics> {
         });
         Ok(read)
     });
-    StatsServerData::new().add_meta(TenantMetrics::meta()).add_meta(Metrics::meta()).add_ops("top", StatsOps { open, close: None })
+    StatsServerData::new()
+        .add_meta(TenantMetrics::meta())
+        .add_meta(Metrics::meta())
+        .add_ops("top", StatsOps { open, close: None })
 }
 
 /// Prints the running scheduler's stats every `intv` (client side only).

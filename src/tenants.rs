@@ -62,7 +62,11 @@ impl TenantConfig {
     fn path(&self) -> String {
         let p = self.cgroup.strip_prefix(CGROUP_MOUNT).unwrap_or(&self.cgroup);
         let p = p.trim_end_matches('/');
-        if p.is_empty() { "/".into() } else { p.into() }
+        if p.is_empty() {
+            "/".into()
+        } else {
+            p.into()
+        }
     }
 
     /// Fixed relative CPU share; None = measured GPU count.
@@ -184,7 +188,11 @@ impl Tenants {
 
     /// BPF weight of the default share (index `len()` in the kernel).
     pub fn default_weight(&self) -> u64 {
-        if self.default_weight == 0 { UNIT } else { self.default_weight }
+        if self.default_weight == 0 {
+            UNIT
+        } else {
+            self.default_weight
+        }
     }
 
     /// Feeds one sample of the GPUs each tenant's processes use (by tenant
@@ -202,9 +210,8 @@ impl Tenants {
             let current = self.weights[i] as f64;
             moved |= (target - current).abs() > cfg.rebalance_threshold * current;
         }
-        let cooled = self
-            .last_change
-            .is_none_or(|t| now.duration_since(t).as_millis() >= u128::from(cfg.rebalance_cooldown_ms));
+        let cooled =
+            self.last_change.is_none_or(|t| now.duration_since(t).as_millis() >= u128::from(cfg.rebalance_cooldown_ms));
         if !moved || !cooled {
             return false;
         }
@@ -268,7 +275,12 @@ mod tests {
         let auto = TenantConfig { name: "auto".into(), cgroup: "/auto".into(), gpus: None, weight: None };
         let mut ts = Tenants::compile(&[t("fixed", "/f", 2, None), auto]).unwrap();
         assert!(ts.measured());
-        let cfg = TenancyConfig { demand_smoothing: 0.5, rebalance_threshold: 0.2, rebalance_cooldown_ms: 1000, default_weight: 1 };
+        let cfg = TenancyConfig {
+            demand_smoothing: 0.5,
+            rebalance_threshold: 0.2,
+            rebalance_cooldown_ms: 1000,
+            default_weight: 1,
+        };
         let t0 = Instant::now();
         let ms = |n| t0 + std::time::Duration::from_millis(n);
         // One GPU, as assumed at start: nothing moves.

@@ -45,12 +45,8 @@ fn scrape_metrics_over_tcp() {
     );
     assert_eq!(status, "HTTP/1.1 200 OK");
     assert!(headers.contains("Content-Type: application/openmetrics-text; version=1.0.0; charset=utf-8"), "{headers}");
-    let len: usize = headers
-        .lines()
-        .find_map(|l| l.strip_prefix("Content-Length: "))
-        .expect("Content-Length")
-        .parse()
-        .unwrap();
+    let len: usize =
+        headers.lines().find_map(|l| l.strip_prefix("Content-Length: ")).expect("Content-Length").parse().unwrap();
     assert_eq!(len, body.len());
     assert!(body.ends_with("# EOF\n"), "{body}");
     let exp = openmetrics::parse_openmetrics(&body).unwrap_or_else(|e| panic!("{e:?}\n{body}"));

@@ -79,12 +79,8 @@ fn observe_shows_the_workload_phases_and_decisions() {
         seen(rows, workers, &|r| r.pid == train_pid && r.comm == "pt_main_thread" && r.role == "trainer")
             && seen(rows, workers, &|r| r.comm == "NCCL Progress 0" && r.role == "nccl_progress")
             && seen(rows, workers, &|r| workers.contains(&r.pid) && r.role == "data_loader")
-            && seen(rows, workers, &|r| {
-                r.comm == "pt_main_thread" && r.phase == "gpu_compute" && r.class == gpu_class
-            })
-            && seen(rows, workers, &|r| {
-                workers.contains(&r.pid) && r.phase == "data_loading" && r.class == load_class
-            })
+            && seen(rows, workers, &|r| r.comm == "pt_main_thread" && r.phase == "gpu_compute" && r.class == gpu_class)
+            && seen(rows, workers, &|r| workers.contains(&r.pid) && r.phase == "data_loading" && r.class == load_class)
     };
 
     let start = Instant::now();

@@ -42,9 +42,7 @@ fn four_phases_on_the_right_threads_and_a_hog_stays_unknown() {
 
     let start = Instant::now();
     let done = |seen: &BTreeMap<i32, Seen>, workers: &BTreeSet<i32>| {
-        let has = |pred: &dyn Fn(&Seen) -> bool, p| {
-            seen.values().any(|s| pred(s) && s.phases.contains(&p))
-        };
+        let has = |pred: &dyn Fn(&Seen) -> bool, p| seen.values().any(|s| pred(s) && s.phases.contains(&p));
         has(&|s| s.comm == "pt_main_thread", Phase::GpuCompute)
             && has(&|s| s.comm == "pt_main_thread", Phase::OptimizerStep)
             && has(&|s| s.comm == "NCCL Progress 0", Phase::NcclCollective)
@@ -85,11 +83,7 @@ fn four_phases_on_the_right_threads_and_a_hog_stays_unknown() {
             }
             if t.tgid == train_pid && t.tid == train_pid && t.comm.as_ref() == "pt_main_thread" {
                 let p = snap.process_of(t);
-                assert!(
-                    p.ml && p.evidence.contains(MlEvidence::ENV_RANK),
-                    "trainer evidence: {}",
-                    p.evidence
-                );
+                assert!(p.ml && p.evidence.contains(MlEvidence::ENV_RANK), "trainer evidence: {}", p.evidence);
                 assert_eq!(t.role, ThreadRole::Trainer);
             }
             if workers.contains(&t.tgid) && t.comm.as_ref() == "pt_data_worker" {
@@ -103,32 +97,15 @@ fn four_phases_on_the_right_threads_and_a_hog_stays_unknown() {
         std::thread::sleep(period.saturating_sub(pass.elapsed()));
     }
 
-    let report: String = seen
-        .iter()
-        .map(|(tid, s)| {
-            format!(
-                "  {tid:>7} {:<16} (tgid {}) {}\n",
-                s.comm, s.tgid, s.timeline
-            )
-        })
-        .collect();
+    let report: String =
+        seen.iter().map(|(tid, s)| format!("  {tid:>7} {:<16} (tgid {}) {}\n", s.comm, s.tgid, s.timeline)).collect();
     eprintln!("phases per thread (L=loading G=gpu N=nccl O=optimizer .=unknown):\n{report}");
-    assert!(
-        done(&seen, &workers),
-        "not every phase was detected on its thread:\n{report}"
-    );
-    assert!(
-        hog_checked >= 30,
-        "the shell loop was observed {hog_checked} times"
-    );
+    assert!(done(&seen, &workers), "not every phase was detected on its thread:\n{report}");
+    assert!(hog_checked >= 30, "the shell loop was observed {hog_checked} times");
 
     for (tid, s) in &seen {
         let only = |phase: Phase, ok: bool| {
-            assert!(
-                !s.phases.contains(&phase) || ok,
-                "{phase} on the wrong thread {tid} {}:\n{report}",
-                s.comm
-            );
+            assert!(!s.phases.contains(&phase) || ok, "{phase} on the wrong thread {tid} {}:\n{report}", s.comm);
         };
         let trainer_main = s.comm == "pt_main_thread";
         only(Phase::GpuCompute, trainer_main);
@@ -136,15 +113,8 @@ fn four_phases_on_the_right_threads_and_a_hog_stays_unknown() {
         only(Phase::NcclCollective, s.comm == "NCCL Progress 0");
         only(Phase::DataLoading, workers.contains(&s.tgid));
         if s.tgid == hog_pid {
-            assert_eq!(
-                s.phases,
-                BTreeSet::from([Phase::Unknown]),
-                "the shell loop stays Unknown"
-            );
+            assert_eq!(s.phases, BTreeSet::from([Phase::Unknown]), "the shell loop stays Unknown");
         }
     }
-    assert!(
-        workers.len() >= 2,
-        "both DataLoader workers seen: {workers:?}"
-    );
+    assert!(workers.len() >= 2, "both DataLoader workers seen: {workers:?}");
 }

@@ -115,9 +115,9 @@ struct Seen {
 
 impl Seen {
     fn has_thread(&self, comm: &str, role: &str, phase: Option<&str>, class: Option<&str>) -> bool {
-        self.threads.iter().any(|(c, r, p, k)| {
-            c == comm && r == role && phase.is_none_or(|x| x == p) && class.is_none_or(|x| x == k)
-        })
+        self.threads
+            .iter()
+            .any(|(c, r, p, k)| c == comm && r == role && phase.is_none_or(|x| x == p) && class.is_none_or(|x| x == k))
     }
 }
 
@@ -212,18 +212,12 @@ fn training_inference_and_plain_python() {
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&serve_log).unwrap()),
     );
-    let plain = Group::spawn(Command::new(&py).args([
-        "-c",
-        "import time\nwhile True: sum(range(10000)); time.sleep(0.001)",
-    ]));
+    let plain =
+        Group::spawn(Command::new(&py).args(["-c", "import time\nwhile True: sum(range(10000)); time.sleep(0.001)"]));
     wait_file(&d.join("ready"), 300, "train.py's first step", &d.join("train.err"));
     wait_file(&d.join("serve.ready"), 300, "serve.py listening", &serve_log);
     let client = Group::spawn(
-        Command::new(&py)
-            .arg(script("client.py"))
-            .arg("--socket")
-            .arg(d.join("sock"))
-            .stdout(Stdio::null()),
+        Command::new(&py).arg(script("client.py")).arg("--socket").arg(d.join("sock")).stdout(Stdio::null()),
     );
     let (t, s, c, pl) = (train.pid(), server.pid(), client.pid(), plain.pid());
     let workers = |seen: &BTreeMap<i64, Seen>| -> Vec<i64> {
@@ -259,7 +253,10 @@ fn training_inference_and_plain_python() {
     }
     let server_seen = seen.get(&s).unwrap_or_else(|| panic!("the server was never listed:\n{rep}"));
     assert!(server_seen.ml && server_seen.evidence.contains("gpu_library"), "server not ML:\n{rep}");
-    assert!(server_seen.main.contains(&("trainer".into(), "ml".into())), "server's main thread not in class ml:\n{rep}");
+    assert!(
+        server_seen.main.contains(&("trainer".into(), "ml".into())),
+        "server's main thread not in class ml:\n{rep}"
+    );
     assert!(!seen.contains_key(&c), "the client (plain Python) is listed:\n{rep}");
     assert!(!seen.contains_key(&pl), "the plain Python process is listed:\n{rep}");
     // Both stand-ins for "plain Python" were alive all along.

@@ -99,7 +99,6 @@ fn reloads_take_effect_within_100ms_of_the_event() {
     assert!(applied.recv_timeout(Duration::from_millis(500)).is_err(), "reloaded for another file");
 }
 
-
 /// The policy script is watched too: an edit of the script alone (in a
 /// directory of its own) reloads it, and a broken edit is rejected with its
 /// line while the running script goes on deciding.

@@ -109,6 +109,10 @@ if (( UNIT )); then
   t1=$SECONDS
   if bash tests/setup.sh; then result PASS setup $((SECONDS - t1))
   else result FAIL setup $((SECONDS - t1)); fi
+  echo "=== unit: tests/lint.sh (cargo fmt --check, clippy -D warnings)"
+  t1=$SECONDS
+  if bash tests/lint.sh; then result PASS lint $((SECONDS - t1))
+  else result FAIL lint $((SECONDS - t1)); fi
   echo "=== unit: tests/shellcheck.sh (every shell script)"
   t1=$SECONDS
   if bash tests/shellcheck.sh; then result PASS shellcheck $((SECONDS - t1))

@@ -140,26 +140,11 @@ mod tests {
 
     #[test]
     fn rejects_absurd_values_naming_the_key() {
-        let c = ObserveConfig {
-            rescan_interval_ms: 0,
-            ..Default::default()
-        };
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .contains("observe.rescan_interval_ms"));
-        let c = ObserveConfig {
-            active_busy_frac: 1.5,
-            ..Default::default()
-        };
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .contains("observe.active_busy_frac"));
-        let c = ObserveConfig {
-            ml_libraries: vec!["".into()],
-            ..Default::default()
-        };
+        let c = ObserveConfig { rescan_interval_ms: 0, ..Default::default() };
+        assert!(c.validate().unwrap_err().contains("observe.rescan_interval_ms"));
+        let c = ObserveConfig { active_busy_frac: 1.5, ..Default::default() };
+        assert!(c.validate().unwrap_err().contains("observe.active_busy_frac"));
+        let c = ObserveConfig { ml_libraries: vec!["".into()], ..Default::default() };
         assert!(c.validate().unwrap_err().contains("observe.ml_libraries"));
         assert!(toml::from_str::<ObserveConfig>("bogus = 1").is_err());
     }

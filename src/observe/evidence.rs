@@ -54,11 +54,7 @@ impl Found {
 }
 
 const RANK_VARS: [&str; 3] = ["RANK", "LOCAL_RANK", "WORLD_SIZE"];
-const DEVICE_VARS: [&str; 3] = [
-    "CUDA_VISIBLE_DEVICES",
-    "HIP_VISIBLE_DEVICES",
-    "ROCR_VISIBLE_DEVICES",
-];
+const DEVICE_VARS: [&str; 3] = ["CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"];
 
 /// Matches environment, fd targets and mappings against the configured
 /// evidence lists.
@@ -82,11 +78,7 @@ impl EvidenceMatcher {
             .chain(&cfg.collective_libraries)
             .map(|s| regex::escape(s))
             .collect();
-        let pattern = if needles.is_empty() {
-            "$^".to_string()
-        } else {
-            needles.join("|")
-        };
+        let pattern = if needles.is_empty() { "$^".to_string() } else { needles.join("|") };
         EvidenceMatcher {
             device_prefixes: cfg.ml_device_prefixes.clone(),
             libraries: cfg.ml_libraries.clone(),
@@ -100,18 +92,12 @@ impl EvidenceMatcher {
     /// Evidence and rank/device settings from an environment.
     pub fn scan_environ(&self, env: &HashMap<OsString, OsString>) -> (Found, MlEnv) {
         let get = |k: &str| {
-            env.get(std::ffi::OsStr::new(k))
-                .map(|v| v.to_string_lossy().trim().to_string())
-                .filter(|v| !v.is_empty())
+            env.get(std::ffi::OsStr::new(k)).map(|v| v.to_string_lossy().trim().to_string()).filter(|v| !v.is_empty())
         };
         let mut found = Found::default();
         for var in &self.env_vars {
             if let Some(value) = get(var) {
-                let ev = if var.ends_with("VISIBLE_DEVICES") {
-                    MlEvidence::ENV_DEVICES
-                } else {
-                    MlEvidence::ENV_RANK
-                };
+                let ev = if var.ends_with("VISIBLE_DEVICES") { MlEvidence::ENV_DEVICES } else { MlEvidence::ENV_RANK };
                 found.add(ev, || format!("env {var}={value}"));
             }
         }
@@ -127,10 +113,7 @@ impl EvidenceMatcher {
 
     fn device_match<'p>(&self, path: &'p Path) -> Option<&'p str> {
         let s = path.to_str()?;
-        self.device_prefixes
-            .iter()
-            .find(|p| s.starts_with(p.as_str()))
-            .map(|_| s)
+        self.device_prefixes.iter().find(|p| s.starts_with(p.as_str())).map(|_| s)
     }
 
     /// Scans up to `max_fds_scanned` fds of a process for GPU devices.
@@ -140,10 +123,7 @@ impl EvidenceMatcher {
         let mut fds = Vec::new();
         // Read once per scan: a zero budget makes DirFile open and close.
         let no_cache = FdBudget::new(0);
-        if DirFile::default()
-            .list_numeric(|| fd_dir.clone(), &no_cache, buf, &mut fds)
-            .is_err()
-        {
+        if DirFile::default().list_numeric(|| fd_dir.clone(), &no_cache, buf, &mut fds).is_err() {
             return found;
         }
         for fd in fds.into_iter().take(self.max_fds) {
@@ -181,18 +161,10 @@ impl EvidenceMatcher {
             let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
                 continue;
             };
-            if self
-                .collective_libraries
-                .iter()
-                .any(|l| name.starts_with(l.as_str()))
-            {
-                found.add(MlEvidence::COLLECTIVE_LIBRARY, || {
-                    format!("map {}", path.display())
-                });
+            if self.collective_libraries.iter().any(|l| name.starts_with(l.as_str())) {
+                found.add(MlEvidence::COLLECTIVE_LIBRARY, || format!("map {}", path.display()));
             } else if self.libraries.iter().any(|l| name.starts_with(l.as_str())) {
-                found.add(MlEvidence::GPU_LIBRARY, || {
-                    format!("map {}", path.display())
-                });
+                found.add(MlEvidence::GPU_LIBRARY, || format!("map {}", path.display()));
             }
         }
         found
@@ -223,16 +195,11 @@ pub fn resolve_visible_devices(list: &str, devices: &[(u32, &str)]) -> Vec<u32> 
                 // CUDA stops at the first invalid ordinal.
                 break;
             }
-            devices
-                .iter()
-                .find(|(i, _)| i64::from(*i) == n)
-                .map(|(i, _)| *i)
+            devices.iter().find(|(i, _)| i64::from(*i) == n).map(|(i, _)| *i)
         } else {
             devices
                 .iter()
-                .find(|(_, uuid)| {
-                    !uuid.is_empty() && (uuid.starts_with(item) || item.starts_with(uuid))
-                })
+                .find(|(_, uuid)| !uuid.is_empty() && (uuid.starts_with(item) || item.starts_with(uuid)))
                 .map(|(i, _)| *i)
         };
         if let Some(i) = idx {
@@ -254,15 +221,11 @@ mod tests {
 
     #[test]
     fn environment_evidence_and_rank() {
-        let env: HashMap<OsString, OsString> = [
-            ("RANK", "3"),
-            ("WORLD_SIZE", "8"),
-            ("CUDA_VISIBLE_DEVICES", "1,0"),
-            ("HOME", "/"),
-        ]
-        .iter()
-        .map(|(k, v)| (OsString::from(k), OsString::from(v)))
-        .collect();
+        let env: HashMap<OsString, OsString> =
+            [("RANK", "3"), ("WORLD_SIZE", "8"), ("CUDA_VISIBLE_DEVICES", "1,0"), ("HOME", "/")]
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+                .collect();
         let (found, ml) = matcher().scan_environ(&env);
         assert!(found.evidence.contains(MlEvidence::ENV_RANK));
         assert!(found.evidence.contains(MlEvidence::ENV_DEVICES));
@@ -271,9 +234,8 @@ mod tests {
         assert_eq!(ml.local_rank, None);
         assert_eq!(ml.visible_devices.as_deref(), Some("1,0"));
 
-        let plain: HashMap<OsString, OsString> = [(OsString::from("PATH"), OsString::from("/bin"))]
-            .into_iter()
-            .collect();
+        let plain: HashMap<OsString, OsString> =
+            [(OsString::from("PATH"), OsString::from("/bin"))].into_iter().collect();
         let (found, _) = matcher().scan_environ(&plain);
         assert!(found.evidence.is_empty());
     }
@@ -288,27 +250,19 @@ mod tests {
         assert!(found.evidence.contains(MlEvidence::GPU_LIBRARY));
         assert!(found.evidence.contains(MlEvidence::COLLECTIVE_LIBRARY));
         assert!(found.evidence.contains(MlEvidence::DEVICE_MAP));
-        assert_eq!(
-            found.detail.as_deref(),
-            Some("map /usr/lib/x86_64-linux-gnu/libcuda.so.535.1")
-        );
+        assert_eq!(found.detail.as_deref(), Some("map /usr/lib/x86_64-linux-gnu/libcuda.so.535.1"));
 
         let plain = b"55d000000000-55d000001000 r-xp 00000000 08:01 1 /usr/bin/bash\n\
 7f0000000000-7f0000001000 r-xp 00000000 08:01 2 /usr/lib/libc.so.6\n";
         assert!(matcher().scan_maps(plain).evidence.is_empty());
         // A needle inside an unrelated name does not count.
-        let tricky =
-            b"7f0000000000-7f0000001000 r-xp 00000000 08:01 2 /home/u/notes-about-libcuda.so.txt\n";
+        let tricky = b"7f0000000000-7f0000001000 r-xp 00000000 08:01 2 /home/u/notes-about-libcuda.so.txt\n";
         assert!(matcher().scan_maps(tricky).evidence.is_empty());
     }
 
     #[test]
     fn visible_devices_resolution() {
-        let devs = [
-            (0, "GPU-aaaa-1111"),
-            (1, "GPU-bbbb-2222"),
-            (2, "GPU-cccc-3333"),
-        ];
+        let devs = [(0, "GPU-aaaa-1111"), (1, "GPU-bbbb-2222"), (2, "GPU-cccc-3333")];
         assert_eq!(resolve_visible_devices("2,0", &devs), vec![2, 0]);
         assert_eq!(resolve_visible_devices("GPU-bbbb", &devs), vec![1]);
         assert_eq!(resolve_visible_devices("1,-1,2", &devs), vec![1]);

@@ -64,10 +64,7 @@ impl FakeThread {
             rchar: 0,
             wchar: 0,
             blkio_ticks: 0,
-            syscall: format!(
-                "{} 0x7f0000000000 0x80 0x0 0x0 0x0 0x0 0x7ffd00000000 0x7f0000001000\n",
-                libc::SYS_futex
-            ),
+            syscall: format!("{} 0x7f0000000000 0x80 0x0 0x0 0x0 0x0 0x7ffd00000000 0x7f0000001000\n", libc::SYS_futex),
         }
     }
 }
@@ -110,20 +107,14 @@ impl FakeProc {
             cmdline: vec![comm.to_string()],
             env: vec![("PATH".into(), "/usr/bin".into())],
             fds: vec!["/dev/null".into(), "pipe:[1234]".into()],
-            maps: vec![
-                format!("/usr/bin/{comm}"),
-                "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
-            ],
+            maps: vec![format!("/usr/bin/{comm}"), "/usr/lib/x86_64-linux-gnu/libc.so.6".into()],
             cgroup: "/user.slice/session-1.scope".into(),
             threads: vec![FakeThread::new(pid, comm)],
         }
     }
 
     pub fn thread(&mut self, tid: i32) -> &mut FakeThread {
-        self.threads
-            .iter_mut()
-            .find(|t| t.tid == tid)
-            .expect("no such fake thread")
+        self.threads.iter_mut().find(|t| t.tid == tid).expect("no such fake thread")
     }
 }
 
@@ -150,16 +141,7 @@ fn stat_line(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn status_text(
-    name: &str,
-    pid: i32,
-    ppid: i32,
-    uid: u32,
-    gid: u32,
-    threads: usize,
-    vol: u64,
-    invol: u64,
-) -> String {
+fn status_text(name: &str, pid: i32, ppid: i32, uid: u32, gid: u32, threads: usize, vol: u64, invol: u64) -> String {
     format!(
         "Name:\t{name}\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{pid}\nNgid:\t0\nPid:\t{pid}\nPPid:\t{ppid}\n\
 TracerPid:\t0\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t{gid}\t{gid}\t{gid}\t{gid}\nFDSize:\t64\nGroups:\t\n\
@@ -199,10 +181,7 @@ pub fn write_proc(root: &Path, p: &FakeProc) {
             p.threads.iter().map(|t| t.cpu_ns).sum(),
         ),
     );
-    write(
-        dir.join("status"),
-        status_text(&p.comm, p.pid, p.ppid, p.uid, p.gid, p.threads.len(), 0, 0),
-    );
+    write(dir.join("status"), status_text(&p.comm, p.pid, p.ppid, p.uid, p.gid, p.threads.len(), 0, 0));
     write(dir.join("cgroup"), format!("1:cpu:/\n0::{}\n", p.cgroup));
     let mut cmd = p.cmdline.join("\0");
     cmd.push('\0');
@@ -213,12 +192,7 @@ pub fn write_proc(root: &Path, p: &FakeProc) {
         .maps
         .iter()
         .enumerate()
-        .map(|(i, m)| {
-            format!(
-                "7f00{i:08x}000-7f00{i:08x}fff r-xp 00000000 08:01 {} {m}\n",
-                100 + i
-            )
-        })
+        .map(|(i, m)| format!("7f00{i:08x}000-7f00{i:08x}fff r-xp 00000000 08:01 {} {m}\n", 100 + i))
         .collect();
     write(dir.join("maps"), maps);
     let fd_dir = dir.join("fd");
@@ -265,22 +239,10 @@ pub fn write_thread(root: &Path, p: &FakeProc, t: &FakeThread) {
         ),
     );
     write(dir.join("comm"), format!("{}\n", t.comm));
-    write(
-        dir.join("schedstat"),
-        format!("{} {} {}\n", t.cpu_ns, t.runq_ns, t.slices),
-    );
+    write(dir.join("schedstat"), format!("{} {} {}\n", t.cpu_ns, t.runq_ns, t.slices));
     write(
         dir.join("status"),
-        status_text(
-            &t.comm,
-            p.pid,
-            p.ppid,
-            p.uid,
-            p.gid,
-            p.threads.len(),
-            t.voluntary,
-            t.involuntary,
-        ),
+        status_text(&t.comm, p.pid, p.ppid, p.uid, p.gid, p.threads.len(), t.voluntary, t.involuntary),
     );
     write(
         dir.join("io"),

@@ -345,14 +345,11 @@ impl Observer {
     /// See the module doc.
     pub fn poll(&mut self, gpu: &dyn GpuProvider) -> &Snapshot {
         let start = Instant::now();
-        let elapsed = self
-            .last_pass
-            .map(|t| start.saturating_duration_since(t))
-            .unwrap_or_default();
+        let elapsed = self.last_pass.map(|t| start.saturating_duration_since(t)).unwrap_or_default();
         self.last_pass = Some(start);
         if start >= self.next_delayacct_check {
-            self.delayacct = std::fs::read_to_string(self.root.join("sys/kernel/task_delayacct"))
-                .is_ok_and(|s| s.trim() == "1");
+            self.delayacct =
+                std::fs::read_to_string(self.root.join("sys/kernel/task_delayacct")).is_ok_and(|s| s.trim() == "1");
             self.next_delayacct_check = start + self.rescan_interval;
         }
         let mut gone = Vec::new();
@@ -362,18 +359,11 @@ impl Observer {
         let mut new_pids = Vec::new();
         if self.listing_due(start) {
             self.listings += 1;
-            let listed = self.proc_dir.list_numeric(
-                || self.root.clone(),
-                &self.budget,
-                &mut self.dir_buf,
-                &mut self.pids,
-            );
+            let listed =
+                self.proc_dir.list_numeric(|| self.root.clone(), &self.budget, &mut self.dir_buf, &mut self.pids);
             if let Err(e) = listed {
                 if !self.warned_root {
-                    tracing::warn!(
-                        "observe: cannot list {}: {e:?}; keeping the previous view",
-                        self.root.display()
-                    );
+                    tracing::warn!("observe: cannot list {}: {e:?}; keeping the previous view", self.root.display());
                     self.warned_root = true;
                 }
                 self.last_load = None;
@@ -492,13 +482,7 @@ impl Observer {
         self.finish(start, elapsed, gone, gpu)
     }
 
-    fn finish(
-        &mut self,
-        start: Instant,
-        elapsed: Duration,
-        gone: Vec<GoneThread>,
-        gpu: &dyn GpuProvider,
-    ) -> &Snapshot {
+    fn finish(&mut self, start: Instant, elapsed: Duration, gone: Vec<GoneThread>, gpu: &dyn GpuProvider) -> &Snapshot {
         join_gpus(&mut self.procs, gpu);
         // The snapshot's vectors are reused from pass to pass.
         let snap = &mut self.snap;
@@ -543,11 +527,8 @@ fn start_time_young(told: Instant, rescan: Duration) -> bool {
 /// Decides ML, evidence, DataLoader status and roles for every process.
 /// Returns the pids that became ML in this pass.
 fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: u32) -> Vec<i32> {
-    let gpu_pids: std::collections::HashSet<i32> = gpu
-        .processes()
-        .iter()
-        .filter_map(|p| i32::try_from(p.pid).ok())
-        .collect();
+    let gpu_pids: std::collections::HashSet<i32> =
+        gpu.processes().iter().filter_map(|p| i32::try_from(p.pid).ok()).collect();
     let own = |p: &ProcEntry| {
         let (mut ev, _) = p.own_evidence();
         if gpu_pids.contains(&p.view.pid) {
@@ -579,9 +560,7 @@ fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: 
     for (&pid, p) in procs.iter() {
         let own_ev = own(p);
         let from_parent = p.forced.is_none() && own_ev.is_empty() && inherited(p);
-        let parent_ml = procs
-            .get(&p.view.ppid)
-            .is_some_and(|a| base_ml(a) || inherited(a));
+        let parent_ml = procs.get(&p.view.ppid).is_some_and(|a| base_ml(a) || inherited(a));
         let ml = p.forced.unwrap_or(!own_ev.is_empty() || from_parent);
         let mut evidence = own_ev;
         if parent_ml && ml {
@@ -591,9 +570,8 @@ fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: 
             evidence |= MlEvidence::FORCED;
         }
         let parent = procs.get(&p.view.ppid);
-        let forked_python = parent.is_some_and(|a| {
-            is_python(&p.view.exe) && a.view.exe == p.view.exe && a.view.cmdline == p.view.cmdline
-        });
+        let forked_python = parent
+            .is_some_and(|a| is_python(&p.view.exe) && a.view.exe == p.view.exe && a.view.cmdline == p.view.cmdline);
         let loader = ml
             && (roles::is_loader_name(&p.view.comm)
                 || (parent_ml && (forked_python || is_multiprocessing_child(&p.view.cmdline))));
@@ -601,29 +579,13 @@ fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: 
             .own_evidence()
             .1
             .map(Arc::from)
+            .or_else(|| gpu_pids.contains(&pid).then(|| Arc::from("gpu process list")))
             .or_else(|| {
-                gpu_pids
-                    .contains(&pid)
-                    .then(|| Arc::from("gpu process list"))
-            })
-            .or_else(|| {
-                (evidence.contains(MlEvidence::PARENT))
-                    .then(|| Arc::from(format!("parent {}", p.view.ppid).as_str()))
+                (evidence.contains(MlEvidence::PARENT)).then(|| Arc::from(format!("parent {}", p.view.ppid).as_str()))
             })
             .or_else(|| (p.forced == Some(true)).then(|| Arc::from("forced by rule")));
-        let parent_comm = parent
-            .map(|a| a.view.comm.clone())
-            .unwrap_or_else(|| Arc::from(""));
-        classes.insert(
-            pid,
-            Class {
-                ml,
-                evidence,
-                detail,
-                loader,
-                parent_comm,
-            },
-        );
+        let parent_comm = parent.map(|a| a.view.comm.clone()).unwrap_or_else(|| Arc::from(""));
+        classes.insert(pid, Class { ml, evidence, detail, loader, parent_comm });
     }
 
     let mut newly_ml = Vec::new();
@@ -681,29 +643,12 @@ fn join_gpus(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider) {
     for p in procs.values_mut() {
         let v = &mut p.view;
         v.gpu = if let Some((devs, util)) = per_pid.remove(&v.pid) {
-            ProcessGpu {
-                devices: devs.into(),
-                util_pct: Some(util),
-                per_process: true,
-            }
-        } else if let Some(list) = v
-            .env
-            .visible_devices
-            .as_deref()
-            .filter(|_| !devices.is_empty())
-        {
+            ProcessGpu { devices: devs.into(), util_pct: Some(util), per_process: true }
+        } else if let Some(list) = v.env.visible_devices.as_deref().filter(|_| !devices.is_empty()) {
             let devs = resolve_visible_devices(list, &ids);
             let util = devs.iter().filter_map(|&i| device_util(i)).max();
-            ProcessGpu {
-                devices: devs.into(),
-                util_pct: util,
-                per_process: false,
-            }
-        } else if v.ml
-            && devices.len() == 1
-            && v.evidence
-                .intersects(MlEvidence::DEVICE_FD | MlEvidence::DEVICE_MAP)
-        {
+            ProcessGpu { devices: devs.into(), util_pct: util, per_process: false }
+        } else if v.ml && devices.len() == 1 && v.evidence.intersects(MlEvidence::DEVICE_FD | MlEvidence::DEVICE_MAP) {
             ProcessGpu {
                 devices: Arc::from([devices[0].index]),
                 util_pct: Some(devices[0].util_pct),

@@ -28,9 +28,7 @@ use procfs::{FromRead, ProcessCGroups};
 use super::evidence::{EvidenceMatcher, Found};
 use super::procfile::{DirFile, ProcFile, ReadError};
 use super::thread::{PassCtx, ThreadEntry};
-use super::types::{
-    ticks_to_ns, Changes, GoneThread, MlEnv, MlEvidence, ProcessGpu, ProcessView, NS_PER_TICK,
-};
+use super::types::{ticks_to_ns, Changes, GoneThread, MlEnv, MlEvidence, ProcessGpu, ProcessView, NS_PER_TICK};
 
 /// PF_KTHREAD in the stat flags.
 const PF_KTHREAD: u32 = 0x0020_0000;
@@ -145,11 +143,8 @@ impl ProcEntry {
         if self.device_open.is_some() {
             ev |= MlEvidence::DEVICE_OPEN;
         }
-        let detail = self
-            .device_open
-            .as_deref()
-            .or(self.env_found.detail.as_deref())
-            .or(self.scan_found.detail.as_deref());
+        let detail =
+            self.device_open.as_deref().or(self.env_found.detail.as_deref()).or(self.scan_found.detail.as_deref());
         (ev, detail)
     }
 
@@ -160,9 +155,7 @@ impl ProcEntry {
         stat.read(|| leader_stat(root, pid), ctx.budget, ctx.buf)?;
         let st = parse_proc_stat(ctx.buf.bytes())?;
         // Stagger rescans over the interval so they do not all fall on one pass.
-        let stagger = s
-            .rescan_interval
-            .mul_f64((pid.unsigned_abs() % 97) as f64 / 97.0);
+        let stagger = s.rescan_interval.mul_f64((pid.unsigned_abs() % 97) as f64 / 97.0);
         let mut p = ProcEntry {
             view: ProcessView {
                 pid,
@@ -231,20 +224,13 @@ impl ProcEntry {
     /// cgroup v2 path. Returns true when it changed.
     fn read_cgroup(&mut self, ctx: &mut PassCtx) -> bool {
         let (root, pid) = (ctx.root, self.view.pid);
-        if self
-            .cgroup_file
-            .read(|| proc_dir(root, pid).join("cgroup"), ctx.budget, ctx.buf)
-            .is_err()
-        {
+        if self.cgroup_file.read(|| proc_dir(root, pid).join("cgroup"), ctx.budget, ctx.buf).is_err() {
             return false;
         }
         let Ok(groups) = ProcessCGroups::from_read(ctx.buf.bytes()) else {
             return false;
         };
-        let v2 = groups
-            .0
-            .iter()
-            .find(|g| g.hierarchy == 0 && g.controllers.is_empty());
+        let v2 = groups.0.iter().find(|g| g.hierarchy == 0 && g.controllers.is_empty());
         let path = v2.map(|g| g.pathname.as_str()).unwrap_or("");
         if *self.view.cgroup != *path {
             self.view.cgroup = Arc::from(path);
@@ -261,19 +247,12 @@ impl ProcEntry {
             .unwrap_or_default();
         // NUL-separated arguments, joined by spaces (what procfs's
         // Process::cmdline does, on a file kept open).
-        let cmdline = match self.cmdline_file.read(
-            || proc_dir(root, pid).join("cmdline"),
-            ctx.budget,
-            ctx.buf,
-        ) {
+        let cmdline = match self.cmdline_file.read(|| proc_dir(root, pid).join("cmdline"), ctx.budget, ctx.buf) {
             Ok(()) => {
                 let bytes = ctx.buf.bytes();
                 let bytes = &bytes[..bytes.len().min(MAX_CMDLINE)];
-                let args: Vec<_> = bytes
-                    .split(|&b| b == 0)
-                    .filter(|a| !a.is_empty())
-                    .map(String::from_utf8_lossy)
-                    .collect();
+                let args: Vec<_> =
+                    bytes.split(|&b| b == 0).filter(|a| !a.is_empty()).map(String::from_utf8_lossy).collect();
                 args.join(" ")
             }
             Err(_) => String::new(),
@@ -319,19 +298,16 @@ impl ProcEntry {
         let pid = self.view.pid;
         // The process's CPU time (quiet threads' activity) is checked every
         // quiet_interval; the main thread's stat is cheaper the rest of the time.
-        let check =
-            self.view.ml && !ctx.quiet_interval.is_zero() && ctx.now >= self.next_group_check;
+        let check = self.view.ml && !ctx.quiet_interval.is_zero() && ctx.now >= self.next_group_check;
         if check {
-            self.group_stat
-                .read(|| group_stat(root, pid), ctx.budget, ctx.buf)?;
+            self.group_stat.read(|| group_stat(root, pid), ctx.budget, ctx.buf)?;
             self.next_group_check = ctx.now + ctx.quiet_interval;
         } else {
             if !self.view.ml {
                 self.group_stat.close();
                 self.group_cpu_ns = None;
             }
-            self.stat
-                .read(|| leader_stat(root, pid), ctx.budget, ctx.buf)?;
+            self.stat.read(|| leader_stat(root, pid), ctx.budget, ctx.buf)?;
         }
         let st = parse_proc_stat(ctx.buf.bytes())?;
         if st.start_ticks != self.view.start_ticks {
@@ -341,10 +317,7 @@ impl ProcEntry {
         if check {
             let cur = (ctx.now, ticks_to_ns(st.cpu_ticks));
             self.group_delta_ns = Some(match self.group_cpu_ns {
-                Some((t0, a)) if cur.1 >= a => Some((
-                    cur.0.saturating_duration_since(t0).as_nanos() as u64,
-                    cur.1 - a,
-                )),
+                Some((t0, a)) if cur.1 >= a => Some((cur.0.saturating_duration_since(t0).as_nanos() as u64, cur.1 - a)),
                 _ => None,
             });
             self.group_cpu_ns = Some(cur);
@@ -391,9 +364,7 @@ impl ProcEntry {
             self.read_identity(ctx);
             self.read_environ(ctx, s.matcher);
             self.scan_evidence(ctx, s.matcher);
-        } else if renamed
-            && ctx.now.saturating_duration_since(self.last_scan) >= s.evidence_interval
-        {
+        } else if renamed && ctx.now.saturating_duration_since(self.last_scan) >= s.evidence_interval {
             // A renamed program (e.g. Python naming itself after importing
             // torch) may have mapped GPU libraries meanwhile.
             self.scan_evidence(ctx, s.matcher);
@@ -425,12 +396,7 @@ impl ProcEntry {
 
     /// Relists threads if needed, checks a slice of thread names, samples
     /// ML threads. Gone threads are appended to `gone`.
-    pub fn update_threads(
-        &mut self,
-        ctx: &mut PassCtx,
-        ids: &mut Vec<i32>,
-        gone: &mut Vec<GoneThread>,
-    ) {
+    pub fn update_threads(&mut self, ctx: &mut PassCtx, ids: &mut Vec<i32>, gone: &mut Vec<GoneThread>) {
         if self.relist {
             self.relist_threads(ctx, ids, gone);
         }
@@ -470,10 +436,9 @@ impl ProcEntry {
             return;
         }
         let debt = match group {
-            Some((wall, cpu)) => self
-                .quiet_debt_ns
-                .saturating_add(cpu.saturating_sub(explained))
-                .saturating_sub(wall / QUIET_LEAK_DIV),
+            Some((wall, cpu)) => {
+                self.quiet_debt_ns.saturating_add(cpu.saturating_sub(explained)).saturating_sub(wall / QUIET_LEAK_DIV)
+            }
             None => u64::MAX,
         };
         if debt < QUIET_DEBT_NS {
@@ -516,32 +481,14 @@ impl ProcEntry {
 
     fn drop_thread(&mut self, i: usize, gone: &mut Vec<GoneThread>) {
         let t = self.threads.remove(i);
-        gone.push(GoneThread {
-            tid: t.view.tid,
-            tgid: t.view.tgid,
-            start_ticks: t.view.start_ticks,
-        });
+        gone.push(GoneThread { tid: t.view.tid, tgid: t.view.tgid, start_ticks: t.view.start_ticks });
         self.relist = true;
     }
 
-    fn relist_threads(
-        &mut self,
-        ctx: &mut PassCtx,
-        ids: &mut Vec<i32>,
-        gone: &mut Vec<GoneThread>,
-    ) {
+    fn relist_threads(&mut self, ctx: &mut PassCtx, ids: &mut Vec<i32>, gone: &mut Vec<GoneThread>) {
         let root = ctx.root;
         let pid = self.view.pid;
-        if self
-            .task_dir
-            .list_numeric(
-                || proc_dir(root, pid).join("task"),
-                ctx.budget,
-                ctx.buf,
-                ids,
-            )
-            .is_err()
-        {
+        if self.task_dir.list_numeric(|| proc_dir(root, pid).join("task"), ctx.budget, ctx.buf, ids).is_err() {
             return;
         }
         self.relist = false;
@@ -550,11 +497,7 @@ impl ProcEntry {
         for &tid in ids.iter() {
             while old.peek().is_some_and(|t| t.view.tid < tid) {
                 let t = old.next().expect("peeked");
-                gone.push(GoneThread {
-                    tid: t.view.tid,
-                    tgid: pid,
-                    start_ticks: t.view.start_ticks,
-                });
+                gone.push(GoneThread { tid: t.view.tid, tgid: pid, start_ticks: t.view.start_ticks });
             }
             if old.peek().is_some_and(|t| t.view.tid == tid) {
                 self.threads.push(old.next().expect("peeked"));
@@ -566,11 +509,7 @@ impl ProcEntry {
             }
         }
         for t in old {
-            gone.push(GoneThread {
-                tid: t.view.tid,
-                tgid: pid,
-                start_ticks: t.view.start_ticks,
-            });
+            gone.push(GoneThread { tid: t.view.tid, tgid: pid, start_ticks: t.view.start_ticks });
         }
     }
 

@@ -63,10 +63,7 @@ impl Drop for FdToken {
 
 impl FdBudget {
     pub fn new(limit: usize) -> FdBudget {
-        FdBudget {
-            used: Arc::new(AtomicUsize::new(0)),
-            limit,
-        }
+        FdBudget { used: Arc::new(AtomicUsize::new(0)), limit }
     }
 
     pub fn used(&self) -> usize {
@@ -86,10 +83,7 @@ impl FdBudget {
     /// headroom fit, and lowers the limit to what the process may open.
     pub fn fit_rlimit(limit: usize) -> usize {
         const HEADROOM: u64 = 256;
-        let mut rl = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
+        let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         // SAFETY: getrlimit/setrlimit only write/read the struct we pass.
         unsafe {
             if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) != 0 {
@@ -117,10 +111,7 @@ pub struct ReadBuf {
 
 impl Default for ReadBuf {
     fn default() -> Self {
-        ReadBuf {
-            data: vec![0; 4096],
-            len: 0,
-        }
+        ReadBuf { data: vec![0; 4096], len: 0 }
     }
 }
 
@@ -258,12 +249,7 @@ fn getdents_numeric(dir: &File, buf: &mut ReadBuf, out: &mut Vec<i32>) -> io::Re
     loop {
         // SAFETY: the kernel writes at most data.len() bytes into data.
         let n = unsafe {
-            libc::syscall(
-                libc::SYS_getdents64,
-                fd,
-                buf.data.as_mut_ptr() as *mut libc::c_void,
-                buf.data.len(),
-            )
+            libc::syscall(libc::SYS_getdents64, fd, buf.data.as_mut_ptr() as *mut libc::c_void, buf.data.len())
         };
         if n < 0 {
             let e = io::Error::last_os_error();
@@ -298,11 +284,7 @@ pub fn parse_id(name: &[u8]) -> Option<i32> {
     if name.is_empty() || name.len() > 10 || !name.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    std::str::from_utf8(name)
-        .ok()?
-        .parse::<i32>()
-        .ok()
-        .filter(|&v| v > 0)
+    std::str::from_utf8(name).ok()?.parse::<i32>().ok().filter(|&v| v > 0)
 }
 
 #[cfg(test)]
@@ -319,12 +301,10 @@ mod tests {
         let mut d = DirFile::default();
         let mut buf = ReadBuf::default();
         let mut out = vec![];
-        d.list_numeric(|| dir.path().to_path_buf(), &budget, &mut buf, &mut out)
-            .unwrap();
+        d.list_numeric(|| dir.path().to_path_buf(), &budget, &mut buf, &mut out).unwrap();
         assert_eq!(out, vec![3, 12]);
         std::fs::create_dir(dir.path().join("7")).unwrap();
-        d.list_numeric(|| unreachable!("cached"), &budget, &mut buf, &mut out)
-            .unwrap();
+        d.list_numeric(|| unreachable!("cached"), &budget, &mut buf, &mut out).unwrap();
         assert_eq!(out, vec![3, 7, 12]);
         assert_eq!(budget.used(), 1);
 
@@ -334,16 +314,13 @@ mod tests {
         pf.read(|| f.clone(), &budget, &mut buf).unwrap();
         assert_eq!(buf.bytes(), b"hello");
         std::fs::write(&f, "a much longer content").unwrap();
-        pf.read(|| unreachable!("cached"), &budget, &mut buf)
-            .unwrap();
+        pf.read(|| unreachable!("cached"), &budget, &mut buf).unwrap();
         assert_eq!(buf.text(), "a much longer content");
         drop(pf);
         assert_eq!(budget.used(), 1);
 
         let mut missing = ProcFile::default();
-        let err = missing
-            .read(|| dir.path().join("nope"), &budget, &mut buf)
-            .unwrap_err();
+        let err = missing.read(|| dir.path().join("nope"), &budget, &mut buf).unwrap_err();
         assert_eq!(err, ReadError::Gone);
     }
 

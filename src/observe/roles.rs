@@ -41,10 +41,7 @@ pub fn role_from_name(comm: &str) -> Option<ThreadRole> {
         ("pt_elastic", ThreadRole::Other),
         ("pt_tcpstore", ThreadRole::Other),
     ];
-    TABLE
-        .iter()
-        .find(|(prefix, _)| comm.starts_with(prefix))
-        .map(|(_, role)| *role)
+    TABLE.iter().find(|(prefix, _)| comm.starts_with(prefix)).map(|(_, role)| *role)
 }
 
 /// True when a process name marks a DataLoader worker process.
@@ -94,26 +91,11 @@ mod tests {
 
     #[test]
     fn main_thread_loader_process_and_non_ml() {
-        assert_eq!(
-            thread_role("python3", true, true, false),
-            ThreadRole::Trainer
-        );
-        assert_eq!(
-            thread_role("python3", true, true, true),
-            ThreadRole::DataLoader
-        );
-        assert_eq!(
-            thread_role("omp_thread", true, false, true),
-            ThreadRole::DataLoader
-        );
-        assert_eq!(
-            thread_role("pt_elastic", true, true, false),
-            ThreadRole::Other
-        );
-        assert_eq!(
-            thread_role("pt_autograd_0", false, false, false),
-            ThreadRole::NonMl
-        );
+        assert_eq!(thread_role("python3", true, true, false), ThreadRole::Trainer);
+        assert_eq!(thread_role("python3", true, true, true), ThreadRole::DataLoader);
+        assert_eq!(thread_role("omp_thread", true, false, true), ThreadRole::DataLoader);
+        assert_eq!(thread_role("pt_elastic", true, true, false), ThreadRole::Other);
+        assert_eq!(thread_role("pt_autograd_0", false, false, false), ThreadRole::NonMl);
         assert!(is_loader_name("pt_data_worker"));
         assert!(!is_loader_name("pt_data_pin"));
     }

@@ -52,13 +52,11 @@ fn poll_gpu(o: &mut Observer, gpu: &dyn GpuProvider) -> Snapshot {
 }
 
 fn proc_of(s: &Snapshot, pid: i32) -> &ProcessView {
-    s.process(pid)
-        .unwrap_or_else(|| panic!("pid {pid} missing from snapshot"))
+    s.process(pid).unwrap_or_else(|| panic!("pid {pid} missing from snapshot"))
 }
 
 fn thread_of(s: &Snapshot, tid: i32) -> &ThreadView {
-    s.thread(tid)
-        .unwrap_or_else(|| panic!("tid {tid} missing from snapshot"))
+    s.thread(tid).unwrap_or_else(|| panic!("tid {tid} missing from snapshot"))
 }
 
 /// A small machine: init, a shell, a trainer with threads and two loader
@@ -77,13 +75,9 @@ fn machine(root: &Path) -> Vec<FakeProc> {
     trainer.cmdline = vec!["python3".into(), "train.py".into()];
     trainer.env.push(("RANK".into(), "0".into()));
     trainer.env.push(("WORLD_SIZE".into(), "2".into()));
-    trainer
-        .env
-        .push(("CUDA_VISIBLE_DEVICES".into(), "1".into()));
+    trainer.env.push(("CUDA_VISIBLE_DEVICES".into(), "1".into()));
     trainer.threads.push(FakeThread::new(201, "pt_autograd_0"));
-    trainer
-        .threads
-        .push(FakeThread::new(202, "NCCL Progress 0"));
+    trainer.threads.push(FakeThread::new(202, "NCCL Progress 0"));
     trainer.threads.push(FakeThread::new(203, "pt_data_pin"));
     trainer.threads.push(FakeThread::new(204, "python3"));
 
@@ -98,16 +92,13 @@ fn machine(root: &Path) -> Vec<FakeProc> {
     let mut gpu_fd = FakeProc::new(300, 1, "cudaapp");
     gpu_fd.fds.push("/dev/nvidiactl".into());
     let mut lib = FakeProc::new(301, 1, "infer");
-    lib.maps
-        .push("/usr/local/cuda/lib64/libcudart.so.12.2.140".into());
+    lib.maps.push("/usr/local/cuda/lib64/libcudart.so.12.2.140".into());
     let mut nccl = FakeProc::new(302, 1, "allreduce");
     nccl.maps.push("/opt/nccl/lib/libnccl.so.2.19.3".into());
     let mut rocm = FakeProc::new(303, 1, "rocmapp");
     rocm.fds.push("/dev/kfd".into());
 
-    let all = vec![
-        init, kthread, shell, trainer, worker, forked, gpu_fd, lib, nccl, rocm,
-    ];
+    let all = vec![init, kthread, shell, trainer, worker, forked, gpu_fd, lib, nccl, rocm];
     for p in &all {
         write_proc(root, p);
     }
@@ -130,9 +121,7 @@ fn ml_evidence_roles_and_loaders() {
 
     let t = proc_of(&s, 200);
     assert!(t.ml);
-    assert!(
-        t.evidence.contains(MlEvidence::ENV_RANK) && t.evidence.contains(MlEvidence::ENV_DEVICES)
-    );
+    assert!(t.evidence.contains(MlEvidence::ENV_RANK) && t.evidence.contains(MlEvidence::ENV_DEVICES));
     assert!(!t.evidence.contains(MlEvidence::PARENT));
     assert_eq!(t.env.rank, Some(0));
     assert_eq!(t.env.world_size, Some(2));
@@ -153,16 +142,10 @@ fn ml_evidence_roles_and_loaders() {
         assert!(p.evidence.contains(ev), "pid {pid}: {}", p.evidence);
         assert!(!p.evidence_detail.is_empty());
     }
-    assert_eq!(
-        proc_of(&s, 300).evidence_detail.as_ref(),
-        "fd /dev/nvidiactl"
-    );
+    assert_eq!(proc_of(&s, 300).evidence_detail.as_ref(), "fd /dev/nvidiactl");
 
     let w = proc_of(&s, 210);
-    assert!(
-        w.ml && w.loader_process,
-        "pt_data_worker child is a loader"
-    );
+    assert!(w.ml && w.loader_process, "pt_data_worker child is a loader");
     assert!(w.evidence.contains(MlEvidence::PARENT));
     let f = proc_of(&s, 211);
     assert!(f.ml && f.loader_process, "forked python child is a loader");
@@ -182,12 +165,7 @@ fn ml_evidence_roles_and_loaders() {
     assert!(s.processes.iter().all(|p| p.changes.contains(Changes::NEW)));
     assert!(s.threads.iter().all(|t| t.changes.contains(Changes::NEW)));
     let s2 = poll(&mut o);
-    assert_eq!(
-        s2.changed_processes().count(),
-        0,
-        "{:?}",
-        s2.changed_processes().map(|p| p.pid).collect::<Vec<_>>()
-    );
+    assert_eq!(s2.changed_processes().count(), 0, "{:?}", s2.changed_processes().map(|p| p.pid).collect::<Vec<_>>());
     assert_eq!(s2.changed_threads().count(), 0);
     assert_eq!(s2.threads.len(), s.threads.len());
 }
@@ -205,21 +183,12 @@ fn inheritance_depth_and_forcing() {
     for p in [&ml, &child, &grandchild, &plain, &plain_child] {
         write_proc(root, p);
     }
-    let cfg = ObserveConfig {
-        ml_inherit_depth: 1,
-        ..config(root)
-    };
+    let cfg = ObserveConfig { ml_inherit_depth: 1, ..config(root) };
     let mut o = Observer::new(&cfg);
     let s = poll(&mut o);
     assert!(proc_of(&s, 11).ml, "child inherits");
-    assert!(
-        !proc_of(&s, 11).loader_process,
-        "not a loader: neither named nor forked python"
-    );
-    assert!(
-        !proc_of(&s, 12).ml,
-        "grandchild beyond ml_inherit_depth = 1"
-    );
+    assert!(!proc_of(&s, 11).loader_process, "not a loader: neither named nor forked python");
+    assert!(!proc_of(&s, 12).ml, "grandchild beyond ml_inherit_depth = 1");
     assert!(!proc_of(&s, 20).ml);
 
     assert!(o.set_forced_ml(20, Some(true)));
@@ -258,10 +227,7 @@ fn deltas_of_ml_threads() {
     let mut o = observer(root);
     let s = poll(&mut o);
     assert!(s.delayacct);
-    assert!(
-        s.threads.iter().all(|t| t.delta.is_none()),
-        "no delta on first sight"
-    );
+    assert!(s.threads.iter().all(|t| t.delta.is_none()), "no delta on first sight");
 
     // The NCCL thread spins and waits; the idle one does nothing.
     let t = p.thread(51);
@@ -296,14 +262,8 @@ fn deltas_of_ml_threads() {
 
     let idle = thread_of(&s, 52).delta.expect("sampled every pass");
     assert_eq!(idle.cpu_ns, 0);
-    assert!(
-        idle.detail.is_none(),
-        "quiet threads skip the detailed read"
-    );
-    assert!(
-        thread_of(&s, 60).delta.is_none(),
-        "non-ML threads are not sampled"
-    );
+    assert!(idle.detail.is_none(), "quiet threads skip the detailed read");
+    assert!(thread_of(&s, 60).delta.is_none(), "non-ML threads are not sampled");
 
     // Counters that go backwards (absurd) re-baseline instead of wrapping.
     p.thread(51).cpu_ns = 1;
@@ -324,10 +284,7 @@ fn quiet_pool_threads_are_sampled_less_often() {
     write_proc(root, &p);
     // Checks of the process's CPU time every 200 ms; quiet threads sampled
     // at least every 2 s.
-    let cfg = ObserveConfig {
-        quiet_sample_interval_ms: 200,
-        ..config(root)
-    };
+    let cfg = ObserveConfig { quiet_sample_interval_ms: 200, ..config(root) };
     let mut o = Observer::new(&cfg);
     poll(&mut o);
     // Quiet for more than a second: then the pool thread is held back; the
@@ -338,20 +295,11 @@ fn quiet_pool_threads_are_sampled_less_often() {
         let s = poll(&mut o);
         sampled += thread_of(&s, 71).delta.is_some() as u32;
     }
-    assert!(
-        sampled >= 10,
-        "sampled every pass while not yet quiet long enough: {sampled}"
-    );
+    assert!(sampled >= 10, "sampled every pass while not yet quiet long enough: {sampled}");
     let s = poll(&mut o);
     assert_eq!(thread_of(&s, 71).role, ThreadRole::Other);
-    assert!(
-        thread_of(&s, 71).delta.is_none(),
-        "quiet pool thread not due"
-    );
-    assert!(
-        thread_of(&s, 70).delta.is_some(),
-        "the trainer is never tiered"
-    );
+    assert!(thread_of(&s, 71).delta.is_none(), "quiet pool thread not due");
+    assert!(thread_of(&s, 70).delta.is_some(), "the trainer is never tiered");
 
     // A check (every 200 ms) compares the process's CPU time with what the
     // samples account for. The trainer's own time is accounted for: the
@@ -365,25 +313,17 @@ fn quiet_pool_threads_are_sampled_less_often() {
     p.thread(70).cpu_ns += 50_000_000;
     let s = check(&mut o, &p);
     assert_eq!(thread_of(&s, 70).delta.map(|d| d.cpu_ns > 0), Some(true));
-    assert!(
-        thread_of(&s, 71).delta.is_none(),
-        "accounted for: not sampled"
-    );
+    assert!(thread_of(&s, 71).delta.is_none(), "accounted for: not sampled");
     // Unaccounted time (the quiet thread's) below three clock ticks, net of
     // a 5 % drain (the trickle of idle pools), is not enough...
     p.thread(71).cpu_ns += 20_000_000;
     let s = check(&mut o, &p);
-    assert!(
-        thread_of(&s, 71).delta.is_none(),
-        "20 ms unaccounted in 210 ms: the quiet thread is not sampled yet"
-    );
+    assert!(thread_of(&s, 71).delta.is_none(), "20 ms unaccounted in 210 ms: the quiet thread is not sampled yet");
     // ... but as soon as it adds up to them, the check that sees it samples
     // the quiet threads.
     p.thread(71).cpu_ns += 40_000_000;
     let s = check(&mut o, &p);
-    let d = thread_of(&s, 71)
-        .delta
-        .expect("sampled once the unaccounted time adds up to 30 ms");
+    let d = thread_of(&s, 71).delta.expect("sampled once the unaccounted time adds up to 30 ms");
     assert_eq!(d.cpu_ns, 60_000_000);
     assert!(d.detail.is_some(), "and read in detail: it was active");
 }
@@ -416,14 +356,7 @@ fn vanishing_pids_threads_and_garbage() {
     remove_thread(root, 80, 82);
     write_proc(root, &p);
     let s = poll(&mut o);
-    assert_eq!(
-        s.gone,
-        vec![GoneThread {
-            tid: 82,
-            tgid: 80,
-            start_ticks: 1082
-        }]
-    );
+    assert_eq!(s.gone, vec![GoneThread { tid: 82, tgid: 80, start_ticks: 1082 }]);
     assert!(s.thread(82).is_none());
 
     // A new thread appears and is NEW with its name.
@@ -432,10 +365,7 @@ fn vanishing_pids_threads_and_garbage() {
     let s = poll(&mut o);
     let t = thread_of(&s, 83);
     assert!(t.changes.contains(Changes::NEW));
-    assert_eq!(
-        (t.comm.as_ref(), t.role),
-        ("pt_data_pin", ThreadRole::PinMemory)
-    );
+    assert_eq!((t.comm.as_ref(), t.role), ("pt_data_pin", ThreadRole::PinMemory));
 
     // A process exits: all its threads are gone.
     remove_proc(root, 80);
@@ -552,14 +482,7 @@ fn pid_reuse_is_a_new_process() {
     p.threads[0].comm = "second".into();
     write_proc(root, &p);
     let s = poll(&mut o);
-    assert_eq!(
-        s.gone,
-        vec![GoneThread {
-            tid: 40,
-            tgid: 40,
-            start_ticks: 1040
-        }]
-    );
+    assert_eq!(s.gone, vec![GoneThread { tid: 40, tgid: 40, start_ticks: 1040 }]);
     let np = proc_of(&s, 40);
     assert!(np.changes.contains(Changes::NEW));
     assert_eq!(np.comm.as_ref(), "second");
@@ -575,10 +498,7 @@ fn a_process_rename_reaches_its_main_thread_at_the_rescan() {
     write_proc(root, &p);
     // Name checks back off from 150-250 ms: the next passes (15 ms apart)
     // fall before the threads' first check, so only the rescan can see it.
-    let cfg = ObserveConfig {
-        thread_name_interval_ms: 3_600_000,
-        ..config(root)
-    };
+    let cfg = ObserveConfig { thread_name_interval_ms: 3_600_000, ..config(root) };
     let mut o = Observer::new(&cfg);
     poll(&mut o);
     p.comm = "after".into();
@@ -636,10 +556,7 @@ fn renames_and_exec_are_reported_once() {
     write_proc(root, &p);
     let s = poll(&mut o);
     assert!(proc_of(&s, 30).changes.contains(Changes::CGROUP));
-    assert_eq!(
-        proc_of(&s, 30).cgroup.as_ref(),
-        "/system.slice/train.service"
-    );
+    assert_eq!(proc_of(&s, 30).cgroup.as_ref(), "/system.slice/train.service");
 }
 
 #[test]
@@ -651,17 +568,13 @@ fn late_gpu_initialisation_is_noticed() {
     let mut o = observer(root);
     assert!(!proc_of(&poll(&mut o), 33).ml);
     // `import torch; torch.cuda.init()`: libraries and device mapped, vsize grows.
-    p.maps
-        .push("/usr/lib/python3/site-packages/torch/lib/libtorch_cuda.so".into());
+    p.maps.push("/usr/lib/python3/site-packages/torch/lib/libtorch_cuda.so".into());
     p.fds.push("/dev/nvidia0".into());
     p.vsize += 1 << 30;
     write_proc(root, &p);
     let s = poll(&mut o);
     let v = proc_of(&s, 33);
-    assert!(
-        v.ml && v.evidence.contains(MlEvidence::GPU_LIBRARY)
-            && v.evidence.contains(MlEvidence::DEVICE_FD)
-    );
+    assert!(v.ml && v.evidence.contains(MlEvidence::GPU_LIBRARY) && v.evidence.contains(MlEvidence::DEVICE_FD));
     assert!(v.changes.contains(Changes::ML));
 }
 
@@ -672,30 +585,12 @@ fn gpu_data_is_joined_to_processes() {
     machine(root);
     let gpu = StaticGpu {
         devices: vec![
-            GpuDevice {
-                index: 0,
-                uuid: "GPU-a".into(),
-                pci_bus_id: "0000:01:00.0".into(),
-                util_pct: 10,
-            },
-            GpuDevice {
-                index: 1,
-                uuid: "GPU-b".into(),
-                pci_bus_id: "0000:02:00.0".into(),
-                util_pct: 90,
-            },
+            GpuDevice { index: 0, uuid: "GPU-a".into(), pci_bus_id: "0000:01:00.0".into(), util_pct: 10 },
+            GpuDevice { index: 1, uuid: "GPU-b".into(), pci_bus_id: "0000:02:00.0".into(), util_pct: 90 },
         ],
         processes: vec![
-            GpuProcess {
-                pid: 301,
-                device: 0,
-                sm_util_pct: 42,
-            },
-            GpuProcess {
-                pid: 100,
-                device: 1,
-                sm_util_pct: 5,
-            },
+            GpuProcess { pid: 301, device: 0, sm_util_pct: 42 },
+            GpuProcess { pid: 100, device: 1, sm_util_pct: 5 },
         ],
     };
     let mut o = Observer::new(&config(root));
@@ -704,32 +599,14 @@ fn gpu_data_is_joined_to_processes() {
     let t = proc_of(&s, 200);
     assert_eq!(
         t.gpu,
-        ProcessGpu {
-            devices: Arc::from([1]),
-            util_pct: Some(90),
-            per_process: false
-        },
+        ProcessGpu { devices: Arc::from([1]), util_pct: Some(90), per_process: false },
         "CUDA_VISIBLE_DEVICES=1"
     );
-    assert_eq!(
-        &*thread_of(&s, 201).gpus,
-        &[1],
-        "threads carry their process's GPUs"
-    );
+    assert_eq!(&*thread_of(&s, 201).gpus, &[1], "threads carry their process's GPUs");
     let l = proc_of(&s, 301);
-    assert_eq!(
-        l.gpu,
-        ProcessGpu {
-            devices: Arc::from([0]),
-            util_pct: Some(42),
-            per_process: true
-        }
-    );
+    assert_eq!(l.gpu, ProcessGpu { devices: Arc::from([0]), util_pct: Some(42), per_process: true });
     let sh = proc_of(&s, 100);
-    assert!(
-        sh.ml && sh.evidence.contains(MlEvidence::GPU_PROCESS),
-        "listed GPU users are ML"
-    );
+    assert!(sh.ml && sh.evidence.contains(MlEvidence::GPU_PROCESS), "listed GPU users are ML");
     assert_eq!(proc_of(&s, 1).gpu, ProcessGpu::default());
 }
 
@@ -738,18 +615,11 @@ fn proc_is_listed_only_when_tasks_come_or_go() {
     let dir = TempDir::new("observe-loadavg");
     let root = dir.path();
     let load = |latest: u32, tasks: u32| {
-        std::fs::write(
-            root.join("loadavg"),
-            format!("0.10 0.20 0.30 1/{tasks} {latest}\n"),
-        )
-        .unwrap();
+        std::fs::write(root.join("loadavg"), format!("0.10 0.20 0.30 1/{tasks} {latest}\n")).unwrap();
     };
     load(100, 50);
     write_proc(root, &FakeProc::new(10, 1, "first"));
-    let cfg = ObserveConfig {
-        rescan_interval_ms: 60_000,
-        ..config(root)
-    };
+    let cfg = ObserveConfig { rescan_interval_ms: 60_000, ..config(root) };
     let mut o = Observer::new(&cfg);
     assert!(poll(&mut o).process(10).is_some());
     // A process appears but loadavg has not moved (as if read before the
@@ -765,14 +635,7 @@ fn proc_is_listed_only_when_tasks_come_or_go() {
     load(101, 50);
     let s = poll(&mut o);
     assert!(s.process(10).is_none());
-    assert_eq!(
-        s.gone,
-        vec![GoneThread {
-            tid: 10,
-            tgid: 10,
-            start_ticks: 1010
-        }]
-    );
+    assert_eq!(s.gone, vec![GoneThread { tid: 10, tgid: 10, start_ticks: 1010 }]);
 }
 
 #[test]
@@ -782,19 +645,13 @@ fn thread_names_are_rechecked_with_back_off() {
     let mut p = FakeProc::new(10, 1, "app");
     p.threads.push(FakeThread::new(11, "app"));
     write_proc(root, &p);
-    let cfg = ObserveConfig {
-        thread_name_interval_ms: 60_000,
-        ..config(root)
-    };
+    let cfg = ObserveConfig { thread_name_interval_ms: 60_000, ..config(root) };
     let mut o = Observer::new(&cfg);
     poll(&mut o);
     // Renamed right after it started: seen at the first check, ~200 ms later.
     p.thread(11).comm = "worker-1".into();
     write_proc(root, &p);
-    assert!(
-        poll(&mut o).changed_threads().next().is_none(),
-        "not checked every pass"
-    );
+    assert!(poll(&mut o).changed_threads().next().is_none(), "not checked every pass");
     std::thread::sleep(Duration::from_millis(250));
     let s = poll(&mut o);
     assert_eq!(thread_of(&s, 11).comm.as_ref(), "worker-1");

@@ -30,9 +30,7 @@ use procfs::process::{Io, Schedstat, Stat};
 use procfs::FromRead;
 
 use super::procfile::{FdBudget, ProcFile, ReadBuf, ReadError};
-use super::types::{
-    ticks_to_ns, Changes, DetailDelta, ThreadDelta, ThreadRole, ThreadState, ThreadView, WaitKind,
-};
+use super::types::{ticks_to_ns, Changes, DetailDelta, ThreadDelta, ThreadRole, ThreadState, ThreadView, WaitKind};
 
 /// What a pass shares with every thread it touches.
 pub struct PassCtx<'a> {
@@ -182,9 +180,7 @@ fn wait_from_nr(nr: i64) -> WaitKind {
     match nr {
         _ if nr == SYS_futex || nr == SYS_futex_waitv => WaitKind::Futex,
         _ if nr == SYS_ioctl => WaitKind::Ioctl,
-        _ if [SYS_ppoll, SYS_pselect6, SYS_epoll_pwait, SYS_epoll_pwait2].contains(&nr) => {
-            WaitKind::Poll
-        }
+        _ if [SYS_ppoll, SYS_pselect6, SYS_epoll_pwait, SYS_epoll_pwait2].contains(&nr) => WaitKind::Poll,
         _ if [
             SYS_read,
             SYS_write,
@@ -284,9 +280,7 @@ impl ThreadEntry {
     pub fn check_name(&mut self, ctx: &mut PassCtx) -> Result<(), ReadError> {
         self.name_checked(ctx);
         let (tgid, tid, root) = (self.view.tgid, self.view.tid, ctx.root);
-        self.files
-            .comm
-            .read(|| task_path(root, tgid, tid, "comm"), ctx.budget, ctx.buf)?;
+        self.files.comm.read(|| task_path(root, tgid, tid, "comm"), ctx.budget, ctx.buf)?;
         let text = ctx.buf.text();
         let comm = text.trim_end_matches('\n').to_string();
         self.set_comm(&comm);
@@ -307,13 +301,7 @@ impl ThreadEntry {
     /// longer ML) and forgets the baselines.
     pub fn stop_sampling(&mut self) {
         let f = &mut self.files;
-        for file in [
-            &mut f.schedstat,
-            &mut f.stat,
-            &mut f.status,
-            &mut f.io,
-            &mut f.syscall,
-        ] {
+        for file in [&mut f.schedstat, &mut f.stat, &mut f.status, &mut f.io, &mut f.syscall] {
             file.close();
         }
         self.sched = None;
@@ -327,25 +315,14 @@ impl ThreadEntry {
     /// Samples an ML thread (see the module doc). Sets `view.delta`.
     pub fn sample(&mut self, ctx: &mut PassCtx) -> Result<(), ReadError> {
         let (tgid, tid, root, now) = (self.view.tgid, self.view.tid, ctx.root, ctx.now);
-        self.files.schedstat.read(
-            || task_path(root, tgid, tid, "schedstat"),
-            ctx.budget,
-            ctx.buf,
-        )?;
+        self.files.schedstat.read(|| task_path(root, tgid, tid, "schedstat"), ctx.budget, ctx.buf)?;
         let read_at = Instant::now();
         let ss = Schedstat::from_read(ctx.buf.bytes()).map_err(|_| ReadError::Other)?;
-        let cur = SchedSample {
-            at: now,
-            read_at,
-            cpu_ns: ss.sum_exec_runtime,
-            runq_ns: ss.run_delay,
-            slices: ss.pcount,
-        };
+        let cur =
+            SchedSample { at: now, read_at, cpu_ns: ss.sum_exec_runtime, runq_ns: ss.run_delay, slices: ss.pcount };
         let prev = self.sched.replace(cur);
         let mut delta = match prev {
-            Some(p)
-                if cur.cpu_ns >= p.cpu_ns && cur.runq_ns >= p.runq_ns && cur.slices >= p.slices =>
-            {
+            Some(p) if cur.cpu_ns >= p.cpu_ns && cur.runq_ns >= p.runq_ns && cur.slices >= p.slices => {
                 let interval_ns = read_at.saturating_duration_since(p.read_at).as_nanos() as u64;
                 Some(ThreadDelta {
                     interval_ns,
@@ -376,11 +353,9 @@ impl ThreadEntry {
             self.next_sample = None;
         } else if delta.is_some() {
             let since = *self.quiet_since.get_or_insert(now);
-            if !ctx.quiet_interval.is_zero() && now.saturating_duration_since(since) >= QUIET_AFTER
-            {
+            if !ctx.quiet_interval.is_zero() && now.saturating_duration_since(since) >= QUIET_AFTER {
                 let jitter_pct = 75 + (tid.unsigned_abs() % 50);
-                self.next_sample =
-                    Some(now + ctx.quiet_interval * QUIET_FALLBACK_FACTOR * jitter_pct / 100);
+                self.next_sample = Some(now + ctx.quiet_interval * QUIET_FALLBACK_FACTOR * jitter_pct / 100);
             }
         }
         self.view.delta = delta;
@@ -391,9 +366,7 @@ impl ThreadEntry {
     /// of their counters since the previous detailed read.
     fn read_detail(&mut self, ctx: &mut PassCtx) -> Result<Option<DetailDelta>, ReadError> {
         let (tgid, tid, root, budget) = (self.view.tgid, self.view.tid, ctx.root, ctx.budget);
-        self.files
-            .stat
-            .read(|| task_path(root, tgid, tid, "stat"), budget, ctx.buf)?;
+        self.files.stat.read(|| task_path(root, tgid, tid, "stat"), budget, ctx.buf)?;
         let st = parse_stat(ctx.buf)?;
         if st.start_ticks != self.view.start_ticks {
             return Err(ReadError::Gone);
@@ -403,32 +376,19 @@ impl ThreadEntry {
         self.view.state = st.state;
         self.view.last_cpu = st.cpu;
 
-        self.files
-            .status
-            .read(|| task_path(root, tgid, tid, "status"), budget, ctx.buf)?;
+        self.files.status.read(|| task_path(root, tgid, tid, "status"), budget, ctx.buf)?;
         let read_at = Instant::now();
         let (voluntary, involuntary) = status_switches(ctx.buf.bytes()).ok_or(ReadError::Other)?;
 
         // io needs ptrace access; a denied read leaves the I/O counters at 0.
-        let (rchar, wchar) =
-            match self
-                .files
-                .io
-                .read(|| task_path(root, tgid, tid, "io"), budget, ctx.buf)
-            {
-                Ok(()) => Io::from_read(ctx.buf.bytes())
-                    .map(|io| (io.rchar, io.wchar))
-                    .unwrap_or((0, 0)),
-                Err(ReadError::Gone) => return Err(ReadError::Gone),
-                Err(_) => (0, 0),
-            };
+        let (rchar, wchar) = match self.files.io.read(|| task_path(root, tgid, tid, "io"), budget, ctx.buf) {
+            Ok(()) => Io::from_read(ctx.buf.bytes()).map(|io| (io.rchar, io.wchar)).unwrap_or((0, 0)),
+            Err(ReadError::Gone) => return Err(ReadError::Gone),
+            Err(_) => (0, 0),
+        };
 
         self.view.wait = if st.state.is_blocked() {
-            match self
-                .files
-                .syscall
-                .read(|| task_path(root, tgid, tid, "syscall"), budget, ctx.buf)
-            {
+            match self.files.syscall.read(|| task_path(root, tgid, tid, "syscall"), budget, ctx.buf) {
                 Ok(()) => wait_from_syscall(&ctx.buf.text()),
                 Err(ReadError::Gone) => return Err(ReadError::Gone),
                 Err(_) => match ctx.buf.read_path(&task_path(root, tgid, tid, "wchan")) {
@@ -442,14 +402,7 @@ impl ThreadEntry {
             WaitKind::Unknown
         };
 
-        let cur = DetailSample {
-            read_at,
-            voluntary,
-            involuntary,
-            rchar,
-            wchar,
-            blkio_ticks: st.blkio_ticks,
-        };
+        let cur = DetailSample { read_at, voluntary, involuntary, rchar, wchar, blkio_ticks: st.blkio_ticks };
         let prev = self.detail.replace(cur);
         Ok(prev.map(|p| DetailDelta {
             interval_ns: read_at.saturating_duration_since(p.read_at).as_nanos() as u64,
@@ -457,9 +410,7 @@ impl ThreadEntry {
             involuntary_switches: cur.involuntary.saturating_sub(p.involuntary),
             read_bytes: cur.rchar.saturating_sub(p.rchar),
             write_bytes: cur.wchar.saturating_sub(p.wchar),
-            blkio_delay_ns: ctx
-                .delayacct
-                .then(|| ticks_to_ns(cur.blkio_ticks.saturating_sub(p.blkio_ticks))),
+            blkio_delay_ns: ctx.delayacct.then(|| ticks_to_ns(cur.blkio_ticks.saturating_sub(p.blkio_ticks))),
         }))
     }
 }
@@ -513,28 +464,16 @@ mod tests {
 voluntary_ctxt_switches:\t1234\nnonvoluntary_ctxt_switches:\t56\n";
         assert_eq!(status_switches(status), Some((1234, 56)));
         assert_eq!(status_switches(b"Name:\tx\n"), None);
-        assert_eq!(
-            status_switches(b"voluntary_ctxt_switches:\tlots\nnonvoluntary_ctxt_switches:\t1\n"),
-            None
-        );
+        assert_eq!(status_switches(b"voluntary_ctxt_switches:\tlots\nnonvoluntary_ctxt_switches:\t1\n"), None);
     }
 
     #[test]
     fn syscall_and_wchan_classification() {
         assert_eq!(wait_from_syscall("running\n"), WaitKind::NotWaiting);
-        let futex = format!(
-            "{} 0x7f00 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f01\n",
-            libc::SYS_futex
-        );
+        let futex = format!("{} 0x7f00 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f01\n", libc::SYS_futex);
         assert_eq!(wait_from_syscall(&futex), WaitKind::Futex);
-        assert_eq!(
-            wait_from_syscall(&format!("{} 0x3 0xc0", libc::SYS_ioctl)),
-            WaitKind::Ioctl
-        );
-        assert_eq!(
-            wait_from_syscall(&format!("{} 0x3", libc::SYS_read)),
-            WaitKind::Io
-        );
+        assert_eq!(wait_from_syscall(&format!("{} 0x3 0xc0", libc::SYS_ioctl)), WaitKind::Ioctl);
+        assert_eq!(wait_from_syscall(&format!("{} 0x3", libc::SYS_read)), WaitKind::Io);
         assert_eq!(wait_from_syscall("-1 0x7ffd 0x7f00"), WaitKind::Other(-1));
         assert_eq!(wait_from_syscall("garbage"), WaitKind::Unknown);
         #[cfg(target_arch = "x86_64")]

@@ -65,10 +65,7 @@ impl ThreadRole {
 
     /// A thread that works for the collective layer (NCCL/RCCL, gloo).
     pub fn is_collective(self) -> bool {
-        matches!(
-            self,
-            ThreadRole::NcclProgress | ThreadRole::NcclService | ThreadRole::NcclMonitor | ThreadRole::Gloo
-        )
+        matches!(self, ThreadRole::NcclProgress | ThreadRole::NcclService | ThreadRole::NcclMonitor | ThreadRole::Gloo)
     }
 
     /// A thread that feeds data (loader worker or pin-memory).
@@ -203,11 +200,7 @@ impl MlEvidence {
 
     /// Names of the set bits, e.g. `["device_fd", "env_rank"]`.
     pub fn names(self) -> Vec<&'static str> {
-        Self::NAMES
-            .iter()
-            .filter(|(bit, _)| self.contains(*bit))
-            .map(|(_, name)| *name)
-            .collect()
+        Self::NAMES.iter().filter(|(bit, _)| self.contains(*bit)).map(|(_, name)| *name).collect()
     }
 }
 
@@ -530,10 +523,7 @@ impl Snapshot {
 
     /// Looks a process up by pid (binary search).
     pub fn process(&self, pid: i32) -> Option<&ProcessView> {
-        self.processes
-            .binary_search_by_key(&pid, |p| p.pid)
-            .ok()
-            .map(|i| &self.processes[i])
+        self.processes.binary_search_by_key(&pid, |p| p.pid).ok().map(|i| &self.processes[i])
     }
 
     /// Looks a thread up by tid (linear: for tests and tools).

@@ -57,14 +57,11 @@ pub fn classify(t: &ThreadView, p: &ProcessView, cfg: &PhaseConfig) -> Option<Ph
     let read_per_sec = d.detail.map_or(0.0, |x| x.read_bytes_per_sec());
     let gpu_busy = p.gpu.util_pct.is_some_and(|u| u >= cfg.gpu_busy_util_pct);
     let gpu_idle = p.gpu.util_pct.is_some_and(|u| u <= cfg.gpu_idle_util_pct);
-    let multi_rank = p.env.world_size.is_some_and(|w| w > 1)
-        || p.evidence.contains(MlEvidence::COLLECTIVE_LIBRARY);
+    let multi_rank = p.env.world_size.is_some_and(|w| w > 1) || p.evidence.contains(MlEvidence::COLLECTIVE_LIBRARY);
     let role = t.role;
     let driver = matches!(role, ThreadRole::Trainer | ThreadRole::Autograd);
 
-    let all_switches_per_sec = d
-        .detail
-        .map_or(0.0, |x| x.voluntary_per_sec() + x.involuntary_per_sec());
+    let all_switches_per_sec = d.detail.map_or(0.0, |x| x.voluntary_per_sec() + x.involuntary_per_sec());
     let spin_wait = if role.is_collective() {
         all_switches_per_sec >= cfg.nccl_min_switches_per_sec
     } else {
@@ -74,8 +71,7 @@ pub fn classify(t: &ThreadView, p: &ProcessView, cfg: &PhaseConfig) -> Option<Ph
         return Some(Phase::NcclCollective);
     }
     if role.is_loader()
-        && (busy >= cfg.loader_min_busy_frac
-            || read_per_sec >= cfg.loader_min_read_bytes_per_sec as f64)
+        && (busy >= cfg.loader_min_busy_frac || read_per_sec >= cfg.loader_min_read_bytes_per_sec as f64)
     {
         return Some(Phase::DataLoading);
     }

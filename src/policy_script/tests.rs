@@ -79,14 +79,28 @@ fn the_facts_reach_the_script_and_its_table_replaces_fields() {
 #[test]
 fn the_sandbox_has_no_io_os_require_or_loaders() {
     for name in [
-        "io", "os", "require", "package", "debug", "load", "loadfile", "dofile", "print", "collectgarbage", "pcall",
-        "xpcall", "coroutine", "string.dump",
+        "io",
+        "os",
+        "require",
+        "package",
+        "debug",
+        "load",
+        "loadfile",
+        "dofile",
+        "print",
+        "collectgarbage",
+        "pcall",
+        "xpcall",
+        "coroutine",
+        "string.dump",
     ] {
         let text = format!("function decide(t) if {name} ~= nil then return {{ class = \"batch\" }} end end");
         assert_eq!(call(&text).0, Verdict::Keep, "{name} is reachable");
     }
     // What is there works.
-    let (v, _) = call(r#"function decide(t) return { slice_us = math.max(100, #string.rep("x", 3) * 100) + #table.concat({"a"}) - 1 } end"#);
+    let (v, _) = call(
+        r#"function decide(t) return { slice_us = math.max(100, #string.rep("x", 3) * 100) + #table.concat({"a"}) - 1 } end"#,
+    );
     assert!(matches!(v, Verdict::Set(Some(d)) if d.slice_ns == 300_000), "{v:?}");
     // Reaching for io is an error, kept as the built-in decision.
     let (v, st) = call(r#"function decide(t) return io.open("/etc/passwd") end"#);
@@ -122,7 +136,9 @@ fn an_endless_loop_runs_out_of_the_budget_and_keeps_the_builtin_decision() {
 fn the_memory_cap_stops_a_greedy_call() {
     let (v, st) = call("function decide(t) local s = 'x' for i = 1, 40 do s = s .. s end return { slice_us = #s } end");
     assert_eq!((v, st.errors, st.budget_exceeded), (Verdict::Failed(Failure::Error), 1, 0));
-    let mut s = load("big = {} function decide(t) for i = 1, 2000 do big[#big + 1] = string.rep('y', 10000) .. i end end").unwrap();
+    let mut s =
+        load("big = {} function decide(t) for i = 1, 2000 do big[#big + 1] = string.rep('y', 10000) .. i end end")
+            .unwrap();
     assert_eq!(s.call(&facts(1, "a"), None), Verdict::Failed(Failure::Error));
     assert!(s.lua.used_memory() <= MEMORY_LIMIT);
 }
@@ -242,7 +258,11 @@ fn the_pipeline_runs_the_script_for_changed_threads_and_reloads_it() {
     assert_eq!(calls(&p), 3, "a second pass with the same facts called the script");
 
     // An edited script: new verdicts.
-    std::fs::write(&script, "function decide(t)\n if t.comm == 'web' then return { class = 'batch' } end\n return false\nend\n").unwrap();
+    std::fs::write(
+        &script,
+        "function decide(t)\n if t.comm == 'web' then return { class = 'batch' } end\n return false\nend\n",
+    )
+    .unwrap();
     p.reconfigure(cfg.clone()).unwrap();
     p.pass();
     assert_eq!(classes(&p), vec![(200, Class::Batch)]);

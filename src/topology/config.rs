@@ -67,16 +67,12 @@ impl TopologyConfig {
             match (pin.gpu, &pin.bus_id) {
                 (Some(gpu), None) => {
                     if let Some(j) = seen_index.insert(gpu, i) {
-                        return Err(format!(
-                            "topology.gpu_node[{i}].gpu = {gpu}: already pinned by gpu_node[{j}]"
-                        ));
+                        return Err(format!("topology.gpu_node[{i}].gpu = {gpu}: already pinned by gpu_node[{j}]"));
                     }
                     by_index.insert(gpu, pin.node);
                 }
                 (None, Some(bus_id)) => {
-                    let addr: PciAddr = bus_id
-                        .parse()
-                        .map_err(|e| format!("topology.gpu_node[{i}].bus_id: {e}"))?;
+                    let addr: PciAddr = bus_id.parse().map_err(|e| format!("topology.gpu_node[{i}].bus_id: {e}"))?;
                     if let Some(j) = seen_addr.insert(addr, i) {
                         return Err(format!(
                             "topology.gpu_node[{i}].bus_id = {bus_id:?}: already pinned by gpu_node[{j}]"
@@ -84,11 +80,7 @@ impl TopologyConfig {
                     }
                     by_addr.insert(addr, pin.node);
                 }
-                _ => {
-                    return Err(format!(
-                        "topology.gpu_node[{i}]: set exactly one of `gpu` or `bus_id`"
-                    ))
-                }
+                _ => return Err(format!("topology.gpu_node[{i}]: set exactly one of `gpu` or `bus_id`")),
             }
         }
         Ok((by_index, by_addr))

@@ -129,10 +129,7 @@ impl Topology {
     }
 
     fn cpu(&self, cpu: usize) -> Option<&Cpu> {
-        self.cpus
-            .binary_search_by_key(&cpu, |c| c.id)
-            .ok()
-            .map(|i| &self.cpus[i])
+        self.cpus.binary_search_by_key(&cpu, |c| c.id).ok().map(|i| &self.cpus[i])
     }
 
     /// NUMA node of `cpu`, or `None` if it is not an online CPU.
@@ -152,11 +149,7 @@ impl Topology {
 
     /// Online CPUs sharing LLC `llc`, ascending (empty if out of range).
     pub fn llc_cpus(&self, llc: usize) -> Vec<usize> {
-        self.cpus
-            .iter()
-            .filter(|c| c.llc == llc)
-            .map(|c| c.id)
-            .collect()
+        self.cpus.iter().filter(|c| c.llc == llc).map(|c| c.id).collect()
     }
 
     /// Ids of the nodes that have at least one online CPU, ascending. Memory-only nodes (CXL,
@@ -274,10 +267,7 @@ fn llc_key(cache_dir: &Path, cpu: usize) -> Option<LlcKey> {
         return Some(LlcKey::Id { level, id });
     }
     match read_trimmed(&dir.join("shared_cpu_list")).map(|s| parse_cpulist(&s)) {
-        Some(Ok(list)) if !list.is_empty() => Some(LlcKey::FirstCpu {
-            level,
-            cpu: list[0],
-        }),
+        Some(Ok(list)) if !list.is_empty() => Some(LlcKey::FirstCpu { level, cpu: list[0] }),
         Some(Err(e)) => {
             warn!("topology: cpu{cpu}: {}/shared_cpu_list: {e}", dir.display());
             None
@@ -294,23 +284,15 @@ fn online_cpus(cpu_dir: &Path) -> Result<Vec<usize>> {
         Some(Ok(cpus)) => cpus,
         other => {
             if let Some(Err(e)) = other {
-                warn!(
-                    "topology: {}: {e}; listing cpuN directories",
-                    online_file.display()
-                );
+                warn!("topology: {}: {e}; listing cpuN directories", online_file.display());
             } else {
-                warn!(
-                    "topology: cannot read {}; listing cpuN directories",
-                    online_file.display()
-                );
+                warn!("topology: cannot read {}; listing cpuN directories", online_file.display());
             }
             let mut cpus: Vec<usize> = fs::read_dir(cpu_dir)
                 .with_context(|| format!("cannot list {}", cpu_dir.display()))?
                 .flatten()
                 .filter_map(|e| e.file_name().to_str()?.strip_prefix("cpu")?.parse().ok())
-                .filter(|id: &usize| {
-                    read_trimmed(&cpu_dir.join(format!("cpu{id}/online"))).as_deref() != Some("0")
-                })
+                .filter(|id: &usize| read_trimmed(&cpu_dir.join(format!("cpu{id}/online"))).as_deref() != Some("0"))
                 .collect();
             cpus.sort_unstable();
             cpus
@@ -332,10 +314,7 @@ fn cpu_nodes(node_dir: &Path, online: &[usize]) -> BTreeMap<usize, usize> {
         Ok(entries) => {
             for e in entries.flatten() {
                 let name = e.file_name();
-                let Some(node) = name
-                    .to_str()
-                    .and_then(|n| n.strip_prefix("node")?.parse().ok())
-                else {
+                let Some(node) = name.to_str().and_then(|n| n.strip_prefix("node")?.parse().ok()) else {
                     continue;
                 };
                 node_ids.insert(node);
@@ -360,10 +339,7 @@ fn cpu_nodes(node_dir: &Path, online: &[usize]) -> BTreeMap<usize, usize> {
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => warn!(
-            "topology: cannot list {}: {e}; assuming one node",
-            node_dir.display()
-        ),
+        Err(e) => warn!("topology: cannot list {}: {e}; assuming one node", node_dir.display()),
     }
     let fallback = node_ids.first().copied().unwrap_or(0);
     online
@@ -384,10 +360,7 @@ fn cpu_nodes(node_dir: &Path, online: &[usize]) -> BTreeMap<usize, usize> {
 /// empty list (a CPU-less node's cpulist is just "\n").
 pub fn parse_cpulist(s: &str) -> Result<Vec<usize>, String> {
     let mut cpus = BTreeSet::new();
-    for part in s
-        .trim_matches(|c: char| c == '\0' || c.is_whitespace())
-        .split(',')
-    {
+    for part in s.trim_matches(|c: char| c == '\0' || c.is_whitespace()).split(',') {
         let part = part.trim();
         if part.is_empty() {
             continue;

@@ -33,33 +33,21 @@ impl FromStr for PciAddr {
             u32::from_str_radix(part, 16).map_err(|_| err())
         };
         let mut it = t.split(':');
-        let (Some(dom), Some(bus), Some(devfn), None) =
-            (it.next(), it.next(), it.next(), it.next())
-        else {
+        let (Some(dom), Some(bus), Some(devfn), None) = (it.next(), it.next(), it.next(), it.next()) else {
             return Err(err());
         };
         let (dev, func) = devfn.split_once('.').ok_or_else(err)?;
-        let (domain, bus, device, function) =
-            (hex(dom, 8)?, hex(bus, 2)?, hex(dev, 2)?, hex(func, 1)?);
+        let (domain, bus, device, function) = (hex(dom, 8)?, hex(bus, 2)?, hex(dev, 2)?, hex(func, 1)?);
         if device > 0x1f || function > 7 {
             return Err(err());
         }
-        Ok(PciAddr {
-            domain,
-            bus: bus as u8,
-            device: device as u8,
-            function: function as u8,
-        })
+        Ok(PciAddr { domain, bus: bus as u8, device: device as u8, function: function as u8 })
     }
 }
 
 impl fmt::Display for PciAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:04x}:{:02x}:{:02x}.{:x}",
-            self.domain, self.bus, self.device, self.function
-        )
+        write!(f, "{:04x}:{:02x}:{:02x}.{:x}", self.domain, self.bus, self.device, self.function)
     }
 }
 
@@ -129,10 +117,7 @@ pub(super) fn scan_gpus(pci_dir: &Path) -> Vec<Gpu> {
             Some(Ok(n)) if n >= 0 => usize::try_from(n).ok(),
             Some(Ok(_)) | None => None,
             Some(Err(_)) => {
-                warn!(
-                    "topology: {}/numa_node is garbled; node unknown",
-                    dir.display()
-                );
+                warn!("topology: {}/numa_node is garbled; node unknown", dir.display());
                 None
             }
         };
@@ -144,13 +129,7 @@ pub(super) fn scan_gpus(pci_dir: &Path) -> Vec<Gpu> {
             }
             None => Vec::new(),
         };
-        gpus.push(Gpu {
-            addr,
-            vendor,
-            class,
-            numa_node,
-            local_cpus,
-        });
+        gpus.push(Gpu { addr, vendor, class, numa_node, local_cpus });
     }
     gpus.sort_by_key(|g| g.addr);
     gpus

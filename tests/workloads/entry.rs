@@ -23,17 +23,8 @@ fn start_ticks(tid: u32) -> Result<u64, String> {
 pub fn write(map: &str, tid: u32, class: u32, offset: u64, node: i32) -> Result<(), String> {
     use libbpf_rs::{MapCore, MapFlags, MapHandle};
     let start = start_ticks(tid)? + offset;
-    let v = task_class {
-        class,
-        flags: 0,
-        slice_ns: 0,
-        cpu: -1,
-        node,
-        tenant: -1,
-        pad: 0,
-        start_ticks: start,
-        applied: 0,
-    };
+    let v =
+        task_class { class, flags: 0, slice_ns: 0, cpu: -1, node, tenant: -1, pad: 0, start_ticks: start, applied: 0 };
     // SAFETY: task_class is plain old data (bindgen of intf.h).
     let bytes = unsafe { std::slice::from_raw_parts((&v as *const task_class).cast::<u8>(), size_of::<task_class>()) };
     let m = MapHandle::from_pinned_path(map).map_err(|e| format!("{map}: {e}"))?;

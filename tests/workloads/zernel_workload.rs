@@ -139,9 +139,7 @@ impl Opts {
         let mut map = HashMap::new();
         let mut it = args.iter();
         while let Some(a) = it.next() {
-            let Some(key) = a.strip_prefix("--") else {
-                usage()
-            };
+            let Some(key) = a.strip_prefix("--") else { usage() };
             if flags.contains(&key) {
                 map.insert(key.to_string(), None);
             } else {
@@ -278,9 +276,7 @@ fn entry_cmd(o: &Opts) {
 // ------------------------------------------------------------------ hog ----
 
 fn hog(o: &Opts) {
-    let Some(name) = o.str("name").map(str::to_string) else {
-        usage()
-    };
+    let Some(name) = o.str("name").map(str::to_string) else { usage() };
     let secs = o.num("secs", 10);
     let n = o.num("threads", 1).max(1);
     let pct = o.num("busy-pct", 100);
@@ -484,8 +480,14 @@ fn reader(o: &Opts) {
             // SAFETY: an anonymous private mapping, never unmapped (it only
             // has to change the virtual size).
             let map = unsafe {
-                libc::mmap(std::ptr::null_mut(), 1 << 20, libc::PROT_READ,
-                           libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    1 << 20,
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
             };
             assert_ne!(map, libc::MAP_FAILED, "mmap");
             println!("zernel-workload reader opened {path} fd {fd}");
@@ -547,9 +549,7 @@ fn churn(o: &Opts) {
                 let mut created = 0u64;
                 while Instant::now() < until && total.load(Ordering::Relaxed) < target {
                     let name = name.clone();
-                    let child = std::thread::Builder::new()
-                        .stack_size(16 << 10)
-                        .spawn(move || set_name(&name));
+                    let child = std::thread::Builder::new().stack_size(16 << 10).spawn(move || set_name(&name));
                     match child {
                         Ok(h) => {
                             let _ = h.join();
@@ -573,29 +573,25 @@ fn threads(o: &Opts) {
     if o.flag("ml") {
         ensure_rank_env();
     }
-    let Some(count) = o.str("count").and_then(|c| c.parse::<usize>().ok()) else {
-        usage()
-    };
+    let Some(count) = o.str("count").and_then(|c| c.parse::<usize>().ok()) else { usage() };
     let secs = o.num("secs", 10);
     let wake = Duration::from_millis(o.num("wake-ms", 1000).max(1));
     let until = Instant::now() + Duration::from_secs(secs);
     let mut handles = Vec::with_capacity(count);
     for i in 0..count {
-        let h = std::thread::Builder::new()
-            .stack_size(64 << 10)
-            .spawn(move || {
-                set_name(&format!("idle_{i}"));
-                let mut x = i as u64;
-                // ±25 % jitter so the pool does not wake in lockstep.
-                let period = wake.mul_f64(0.75 + (i % 50) as f64 / 100.0);
-                while Instant::now() < until {
-                    std::thread::sleep(period.min(until.saturating_duration_since(Instant::now())));
-                    for _ in 0..100 {
-                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-                    }
+        let h = std::thread::Builder::new().stack_size(64 << 10).spawn(move || {
+            set_name(&format!("idle_{i}"));
+            let mut x = i as u64;
+            // ±25 % jitter so the pool does not wake in lockstep.
+            let period = wake.mul_f64(0.75 + (i % 50) as f64 / 100.0);
+            while Instant::now() < until {
+                std::thread::sleep(period.min(until.saturating_duration_since(Instant::now())));
+                for _ in 0..100 {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
                 }
-                std::hint::black_box(x);
-            });
+            }
+            std::hint::black_box(x);
+        });
         match h {
             Ok(h) => handles.push(h),
             Err(e) => {
@@ -742,10 +738,7 @@ impl Collective {
             while Instant::now() < until {
                 spin_until((Instant::now() + Duration::from_millis(2)).min(until));
                 let g = lock.lock().unwrap();
-                let _ = self
-                    .idle_cv
-                    .wait_timeout(g, Duration::from_millis(1))
-                    .unwrap();
+                let _ = self.idle_cv.wait_timeout(g, Duration::from_millis(1)).unwrap();
             }
             st = self.state.lock().unwrap();
             st.1 = true;
@@ -798,13 +791,7 @@ fn worker(fd: libc::c_int, files: &[PathBuf], decode: Duration, id: usize) -> ! 
     set_name("pt_data_worker");
     // SAFETY: plain libc calls on values we own.
     unsafe {
-        libc::prctl(
-            libc::PR_SET_PDEATHSIG,
-            libc::SIGKILL as libc::c_ulong,
-            0,
-            0,
-            0,
-        );
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
     let mut data = Vec::new();
@@ -839,13 +826,7 @@ fn read_batch(fd: libc::c_int) -> bool {
     let mut got = 0;
     while got < BATCH {
         // SAFETY: reading into our own buffer.
-        let n = unsafe {
-            libc::read(
-                fd,
-                buf[got..].as_mut_ptr() as *mut libc::c_void,
-                BATCH - got,
-            )
-        };
+        let n = unsafe { libc::read(fd, buf[got..].as_mut_ptr() as *mut libc::c_void, BATCH - got) };
         if n <= 0 {
             if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
@@ -861,21 +842,12 @@ fn train(o: &Opts) {
     if !o.flag("no-env") {
         ensure_rank_env();
     }
-    let Some(gpu_file) = o.str("gpu-file").map(PathBuf::from) else {
-        usage()
-    };
+    let Some(gpu_file) = o.str("gpu-file").map(PathBuf::from) else { usage() };
     let secs = o.num("secs", 10);
     let workers = o.num("workers", 2).clamp(1, 64) as usize;
     let ms = |k, d| Duration::from_millis(o.num(k, d));
-    let (compute, allreduce, optim) = (
-        ms("compute-ms", 500),
-        ms("allreduce-ms", 500),
-        ms("optim-ms", 500),
-    );
-    let (decode, kernel) = (
-        ms("decode-ms", 500),
-        ms("kernel-ms", 20).max(Duration::from_millis(1)),
-    );
+    let (compute, allreduce, optim) = (ms("compute-ms", 500), ms("allreduce-ms", 500), ms("optim-ms", 500));
+    let (decode, kernel) = (ms("decode-ms", 500), ms("kernel-ms", 20).max(Duration::from_millis(1)));
     let pid = std::process::id();
     let data_dir = o
         .str("data-dir")
@@ -922,10 +894,7 @@ fn train(o: &Opts) {
     let nccl = Arc::new(Collective::default());
     let stop = Arc::new(AtomicBool::new(false));
     let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
-        std::thread::Builder::new()
-            .name(name.to_string())
-            .spawn(f)
-            .expect("spawning a thread")
+        std::thread::Builder::new().name(name.to_string()).spawn(f).expect("spawning a thread")
     };
     let g = gpu.clone();
     let gpu_thread = spawn("fake_gpu", Box::new(move || g.run()));
