@@ -867,10 +867,9 @@ fn serve(
         if std::mem::take(&mut pipeline.tenants_changed) {
             sched.set_tenant_weights(&pipeline.tenants)?;
         }
-        for o in sched.gpu_opens() {
-            opens.push((o, 0));
-        }
-        procs.extend(sched.proc_events());
+        let (told, events) = sched.events();
+        opens.extend(told.into_iter().map(|o| (o, 0)));
+        procs.extend(events);
         pipeline.note_process_events(&procs);
         procs.clear();
         for (o, passes) in &opens {
@@ -936,8 +935,8 @@ fn serve(
                 break;
             }
             sched.heartbeat();
-            procs.extend(sched.proc_events());
-            let told = sched.gpu_opens();
+            let (told, events) = sched.events();
+            procs.extend(events);
             if !told.is_empty() {
                 opens.extend(told.into_iter().map(|o| (o, 0)));
                 break;

@@ -7,8 +7,8 @@
 //!   per-CPU `stats` map ───────> Counters (summed over CPUs)
 //!   pin_dir/{task_class,stats} <── inspect (another process, read-only)
 //!   /proc/devices ─────────────> gpu_majors map (after load)
-//!   fentry chrdev_open | lsm file_open ─> events ring buffer ─> gpu_opens() (non-blocking)
-//!   tp_btf sched_process_{fork,exec,exit} ─> events ─────────> proc_events()
+//!   fentry chrdev_open | lsm file_open ─> events ring buffer ─> events() (non-blocking):
+//!   tp_btf sched_process_{fork,exec,exit} ─> events ─────────>   GPU opens, process events
 //! ```
 //!
 //! GPU device opens: of the two hooks of main.bpf.c one is loaded, fentry
@@ -487,20 +487,13 @@ impl<'a> Scheduler<'a> {
         }
     }
 
-    /// GPU device opens the kernel told of since the last call (no wait).
-    pub fn gpu_opens(&self) -> Vec<GpuOpen> {
+    /// What the kernel told of since the last call (no wait), from one drain
+    /// of the ring buffer: GPU device opens and process events.
+    pub fn events(&self) -> (Vec<GpuOpen>, Vec<ProcEvent>) {
         if let Some(rb) = &self.events {
             let _ = rb.consume();
         }
-        self.opens.try_iter().collect()
-    }
-
-    /// Process events the kernel told of since the last call (no wait).
-    pub fn proc_events(&self) -> Vec<ProcEvent> {
-        if let Some(rb) = &self.events {
-            let _ = rb.consume();
-        }
-        self.procs.try_iter().collect()
+        (self.opens.try_iter().collect(), self.procs.try_iter().collect())
     }
 
     /// Marks the GPU open of a process as judged by the daemon: its threads'

@@ -1098,6 +1098,32 @@ s32 BPF_STRUCT_OPS(zernel_init_task, struct task_struct *p,
 }
 
 /*
+ * One record into `events` for the daemon: @kind about @p's process
+ * (started at @start_ticks), with device numbers for a GPU open (else 0).
+ * A full ring buffer loses it (event_lost).
+ */
+static __always_inline void send_event(u32 kind, struct task_struct *p,
+				       u64 start_ticks, u32 major, u32 minor,
+				       u64 flags)
+{
+	struct zernel_event *ev;
+
+	ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
+	if (!ev) {
+		stat_glob(ZGSTAT_EVENT_LOST);
+		return;
+	}
+	ev->kind = kind;
+	ev->pid = p->tgid;
+	ev->tid = p->pid;
+	ev->major = major;
+	ev->minor = minor;
+	ev->pad = 0;
+	ev->start_ticks = start_ticks;
+	bpf_ringbuf_submit(ev, flags);
+}
+
+/*
  * GPU device opens, on the generic open path of character devices: a
  * process that opens a device whose major the daemon listed (minor from
  * the first that counts) is marked ML at once, for all its threads (their
@@ -1120,7 +1146,6 @@ static __always_inline void gpu_open(u32 rdev)
 {
 	struct task_struct *cur = bpf_get_current_task_btf();
 	u32 major = rdev >> 20, minor = rdev & ((1U << 20) - 1), tgid;
-	struct zernel_event *ev;
 	struct task_class mark = {
 		.class = ZCLASS_ML, .cpu = -1, .node = -1, .tenant = -1,
 	};
@@ -1138,19 +1163,7 @@ static __always_inline void gpu_open(u32 rdev)
 	if (bpf_map_update_elem(&gpu_procs, &tgid, &mark, BPF_ANY))
 		return;
 	stat_glob(ZGSTAT_GPU_OPEN);
-	ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
-	if (!ev) {
-		stat_glob(ZGSTAT_EVENT_LOST);
-		return;
-	}
-	ev->kind = ZEV_GPU_OPEN;
-	ev->pid = tgid;
-	ev->tid = cur->pid;
-	ev->major = major;
-	ev->minor = minor;
-	ev->pad = 0;
-	ev->start_ticks = mark.start_ticks;
-	bpf_ringbuf_submit(ev, 0);
+	send_event(ZEV_GPU_OPEN, cur, mark.start_ticks, major, minor, 0);
 }
 
 SEC("fentry/chrdev_open")
@@ -1186,21 +1199,7 @@ int BPF_PROG(zernel_file_open, struct file *file)
  */
 static __always_inline void proc_event(u32 kind, struct task_struct *p)
 {
-	struct zernel_event *ev;
-
-	ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
-	if (!ev) {
-		stat_glob(ZGSTAT_EVENT_LOST);
-		return;
-	}
-	ev->kind = kind;
-	ev->pid = p->tgid;
-	ev->tid = p->pid;
-	ev->major = 0;
-	ev->minor = 0;
-	ev->pad = 0;
-	ev->start_ticks = proc_start_ticks(p);
-	bpf_ringbuf_submit(ev, BPF_RB_NO_WAKEUP);
+	send_event(kind, p, proc_start_ticks(p), 0, 0, BPF_RB_NO_WAKEUP);
 }
 
 SEC("tp_btf/sched_process_fork")

@@ -171,7 +171,7 @@ pub struct Observer {
     /// listed only every [`RECONCILE_RESCANS`] rescan intervals.
     events_live: bool,
     /// Processes told of as new, discovered at the next pass.
-    told_new: Vec<(i32, u64)>,
+    told_new: Vec<i32>,
     /// Processes told of as exited: (pid, start time, passes since), let go
     /// of once /proc/PID is gone (reaped), for at most 50 passes.
     told_exit: Vec<(i32, u64, u32)>,
@@ -252,9 +252,10 @@ impl Observer {
             let known = self.procs.get_mut(&e.pid);
             match (e.kind, known) {
                 (ProcEventKind::New, Some(p)) if p.view.start_ticks == e.start_ticks => {}
-                (ProcEventKind::New, _) => self.told_new.push((e.pid, e.start_ticks)),
-                (ProcEventKind::Exec, Some(p)) => p.rescan_now(now),
-                (ProcEventKind::Exec, None) => self.told_new.push((e.pid, e.start_ticks)),
+                // A recycled pid: the rescan finds another start time, and
+                // the pass lets the old process go and discovers the new one.
+                (ProcEventKind::New | ProcEventKind::Exec, Some(p)) => p.rescan_now(now),
+                (ProcEventKind::New | ProcEventKind::Exec, None) => self.told_new.push(e.pid),
                 (ProcEventKind::Exit, Some(_)) => self.told_exit.push((e.pid, e.start_ticks, 0)),
                 (ProcEventKind::Exit, None) => {}
             }
@@ -385,17 +386,10 @@ impl Observer {
                 p.seen
             });
         }
-        // Processes the kernel told of: new ones not listed yet; a pid now
-        // another process's (another start time) loses the old one first.
-        for (pid, start_ticks) in std::mem::take(&mut self.told_new) {
-            match self.procs.get(&pid) {
-                Some(p) if p.view.start_ticks == start_ticks => {}
-                Some(p) => {
-                    p.all_gone(&mut gone);
-                    self.procs.remove(&pid);
-                    new_pids.push(pid);
-                }
-                None => new_pids.push(pid),
+        // Processes the kernel told of and not listed yet.
+        for pid in std::mem::take(&mut self.told_new) {
+            if !self.procs.contains_key(&pid) {
+                new_pids.push(pid);
             }
         }
         new_pids.sort_unstable();

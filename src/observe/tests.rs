@@ -455,12 +455,23 @@ fn with_process_events_new_work_comes_from_the_events_not_from_listings() {
     let s = poll(&mut o);
     assert!(s.process(61).is_none());
     assert_eq!(s.gone.iter().map(|g| g.tid).collect::<Vec<_>>(), vec![61]);
+    // A recycled pid told as new: the old process is gone, the new one found.
+    p.start += 500;
+    p.comm = "reused".into();
+    p.threads[0].start += 500;
+    p.threads[0].comm = "reused".into();
+    write_proc(root, &p);
+    o.note_process_events(&[ProcEvent { kind: ProcEventKind::New, pid: 60, start_ticks: p.start }]);
+    let s = poll(&mut o);
+    assert_eq!(s.gone.iter().map(|g| (g.tid, g.start_ticks)).collect::<Vec<_>>(), vec![(60, 1060)]);
+    assert!(proc_of(&s, 60).changes.contains(Changes::NEW));
+    assert_eq!(proc_of(&s, 60).comm.as_ref(), "reused");
     // Lost events: the next pass lists /proc and finds what they missed.
     write_proc(root, &FakeProc::new(62, 1, "missed"));
     assert!(poll(&mut o).process(62).is_none());
     o.note_events_lost();
     assert!(poll(&mut o).process(62).is_some());
-    assert_eq!(o.discovery_counts(), (3, 2));
+    assert_eq!(o.discovery_counts(), (4, 2));
     // Without events, a listing finds a new process at once.
     o.set_process_events(false);
     poll(&mut o);
