@@ -36,7 +36,8 @@ use std::path::Path;
 
 use scx_zernel::config::Class;
 use scx_zernel::config::Config;
-use scx_zernel::daemon::{DecisionSink, Decisions, Pipeline};
+use scx_zernel::decisions::{DecisionSink, Decisions};
+use scx_zernel::pipeline::Pipeline;
 use scx_zernel::gpu::NoGpu;
 use scx_zernel::observe::{MlEvidence, ObserveConfig, Observer, ThreadRole};
 use scx_zernel::phase::Phase;

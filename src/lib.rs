@@ -13,6 +13,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod decisions;
 pub mod devices;
 pub mod gpu;
 pub mod inspect;
@@ -21,6 +22,7 @@ pub mod metrics;
 pub mod observe;
 pub mod observe_cmd;
 pub mod phase;
+pub mod pipeline;
 pub mod policy;
 pub mod policy_script;
 pub mod reload;

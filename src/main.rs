@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use scx_zernel::daemon::{self, LoadOptions, Mode};
+use scx_zernel::config::{Mode, Source};
+use scx_zernel::daemon;
+use scx_zernel::sched::LoadOptions;
 use scx_zernel::logging::{self, LogFormat};
 use scx_zernel::{inspect, observe_cmd, stats};
 
@@ -161,7 +163,7 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
 
-    let source = daemon::Source { path: cli.config.clone(), mode: cli.mode };
+    let source = Source { path: cli.config.clone(), mode: cli.mode };
     let result = match cli.command {
         Some(Command::Inspect { tid, entries }) => {
             source.load().map_err(Into::into).and_then(|cfg| inspect::run(&cfg, tid, entries))

@@ -35,7 +35,7 @@ use serde::Serialize;
 use tracing::warn;
 
 use crate::config::{Class, Config};
-use crate::daemon::Pipeline;
+use crate::pipeline::Pipeline;
 use crate::phase::Phase;
 use crate::policy::Decision;
 use crate::stats::Metrics;

@@ -21,12 +21,15 @@
 //! loop falls back to comparing the stamp once a second, and says so.
 
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
 use crossbeam::channel::{unbounded, Receiver, Sender};
 use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use tracing::warn;
+
+use crate::config::Source;
 
 /// Why the loop was woken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,6 +176,110 @@ impl Drop for ReloadWatch {
     }
 }
 
+/// The loop's side of a reload: what woke it (SIGHUP, an inotify event in
+/// the config's directory) and the stamp of the file last loaded. An event
+/// that left the file as it was (another file of a busy directory such as
+/// /tmp) neither wakes the loop nor reloads. Without inotify the stamp is
+/// compared once a second instead.
+pub struct Reloader {
+    watch: ReloadWatch,
+    stamp: Stamp,
+    last_poll: Instant,
+    changed: bool,
+    sighup: bool,
+    /// The policy script and the stamp it had at the last reload; the
+    /// flag says it is compared once a second (its directory is not watched).
+    script: Option<(PathBuf, Stamp, bool)>,
+}
+
+/// How often the stamp is compared when inotify is not available.
+const POLL_WITHOUT_INOTIFY: Duration = Duration::from_secs(1);
+
+impl Reloader {
+    /// Wakes on SIGHUP, and on changes of the source's file if it has one.
+    pub fn new(source: &Source) -> Result<Reloader> {
+        let mut watch = ReloadWatch::new();
+        watch.on_sighup()?;
+        if let Some(path) = &source.path {
+            if let Err(e) = watch.on_file(path) {
+                warn!("{}: {e:#}; changes of the file are looked for once a second", path.display());
+            }
+        }
+        Ok(Reloader {
+            watch,
+            stamp: source.stamp(),
+            last_poll: Instant::now(),
+            changed: false,
+            sighup: false,
+            script: None,
+        })
+    }
+
+    /// Also reloads when the policy script changes (`""`: none); called
+    /// with the script of the configuration in force.
+    pub fn watch_script(&mut self, path: &str) {
+        if path.is_empty() {
+            self.script = None;
+            return;
+        }
+        let p = PathBuf::from(path);
+        if self.script.as_ref().is_some_and(|s| s.0 == p) {
+            return;
+        }
+        let polled = match self.watch.on_file_too(&p) {
+            Ok(()) => false,
+            Err(e) => {
+                warn!("{path}: {e:#}; changes of the policy script are looked for once a second");
+                true
+            }
+        };
+        self.script = Some((p.clone(), stamp(&p), polled));
+    }
+
+    /// Whether the policy script differs from the one last loaded.
+    fn script_changed(&self) -> bool {
+        self.script.as_ref().is_some_and(|(p, st, _)| stamp(p) != *st)
+    }
+
+    /// Where the triggers arrive; hand each to [`note`](Self::note).
+    pub fn receiver(&self) -> &Receiver<Trigger> {
+        self.watch.receiver()
+    }
+
+    /// Takes a trigger; returns whether a reload is now due (the loop
+    /// should wake): always after SIGHUP, after a file event only if the
+    /// file's stamp differs from the one last loaded (a stat, no read).
+    pub fn note(&mut self, source: &Source, t: Trigger) -> bool {
+        match t {
+            Trigger::Signal => self.sighup = true,
+            Trigger::File => self.changed |= source.stamp() != self.stamp || self.script_changed(),
+        }
+        self.sighup || self.changed
+    }
+
+    /// Whether to reload now (see [`note`](Self::note)); the triggers
+    /// still queued are taken first. Without inotify, compares the stamp
+    /// once a second.
+    pub fn due(&mut self, source: &Source) -> bool {
+        for t in self.watch.receiver().try_iter().collect::<Vec<_>>() {
+            self.note(source, t);
+        }
+        let polled = !self.watch.watches_file() || self.script.as_ref().is_some_and(|s| s.2);
+        if polled && self.last_poll.elapsed() >= POLL_WITHOUT_INOTIFY {
+            self.last_poll = Instant::now();
+            self.changed |= source.stamp() != self.stamp || self.script_changed();
+        }
+        let due = std::mem::take(&mut self.sighup) | std::mem::take(&mut self.changed);
+        if due {
+            self.stamp = source.stamp();
+            if let Some(s) = &mut self.script {
+                s.1 = stamp(&s.0);
+            }
+        }
+        due
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,5 +330,39 @@ mod tests {
         let e = w.on_file(Path::new("/nonexistent-zernel-dir/zernel.toml")).unwrap_err();
         assert!(format!("{e:#}").contains("/nonexistent-zernel-dir"), "{e:#}");
         assert!(!w.watches_file());
+    }
+
+    #[test]
+    fn only_a_changed_file_makes_a_reload_due() {
+        use std::time::Duration;
+        let dir = std::env::temp_dir().join(format!("zernel-reload-due-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let cfg = dir.join("zernel.toml");
+        let rule = |c: &str| format!("[[rules]]\ncomm = \"{c}\"\nclass = \"batch\"\n");
+        std::fs::write(&cfg, rule("^a$")).unwrap();
+        let source = Source { path: Some(cfg.clone()), mode: Mode::Auto };
+        let mut r = Reloader::new(&source).unwrap();
+        // The next file event.
+        let next_file_event = |r: &Reloader| loop {
+            match r.receiver().recv_timeout(Duration::from_secs(5)).expect("no event within 5 s") {
+                Trigger::File => break Trigger::File,
+                Trigger::Signal => continue,
+            }
+        };
+
+        std::fs::write(dir.join("other.log"), "x").unwrap();
+        let t = next_file_event(&r);
+        assert!(!r.note(&source, t), "another file's change made a reload due");
+
+        std::fs::write(&cfg, rule("^b$")).unwrap();
+        let t = next_file_event(&r);
+        assert!(r.note(&source, t));
+        assert!(r.due(&source));
+        // Taken: not due again until the file changes again.
+        std::thread::sleep(Duration::from_millis(100));
+        while let Ok(Trigger::File) = r.receiver().try_recv() {}
+        assert!(!r.due(&source));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -43,6 +43,36 @@ use crate::topology::Topology;
 
 const SCHED_EXT: &str = "/sys/kernel/sched_ext";
 
+/// How the BPF program is opened and loaded: command-line options, not
+/// config keys (they do not change on reload).
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// ops.exit_dump_len: bytes of the kernel's debug dump on an error exit (0 = default).
+    pub exit_dump_len: u32,
+    /// libbpf's bpf_object_open_opts (--relaxed-maps, --pin-root-path, ...).
+    pub libbpf: scx_utils::libbpf_clap_opts::LibbpfOpts,
+}
+
+impl LoadOptions {
+    /// Checks what libbpf would otherwise ignore: an unreadable --kconfig
+    /// file drops all the open options silently.
+    pub fn new(exit_dump_len: u32, libbpf: scx_utils::libbpf_clap_opts::LibbpfOpts) -> Result<LoadOptions> {
+        if let Some(k) = &libbpf.kconfig {
+            std::fs::read_to_string(k).with_context(|| format!("--kconfig {k}: cannot read"))?;
+        }
+        for (flag, v) in [
+            ("--pin-root-path", &libbpf.pin_root_path),
+            ("--btf-custom-path", &libbpf.btf_custom_path),
+            ("--bpf-token-path", &libbpf.bpf_token_path),
+        ] {
+            if v.as_deref().is_some_and(|v| v.contains('\0')) {
+                bail!("{flag}: a path with a NUL byte");
+            }
+        }
+        Ok(LoadOptions { exit_dump_len, libbpf })
+    }
+}
+
 /// Checks that this kernel can take a sched_ext scheduler and none is running.
 pub fn check_kernel() -> Result<()> {
     let root = Path::new(SCHED_EXT);
@@ -366,7 +396,7 @@ impl<'a> Scheduler<'a> {
     /// Opens, configures, loads and attaches the BPF scheduler.
     pub fn init(
         cfg: &SchedulerConfig,
-        load: &crate::daemon::LoadOptions,
+        load: &LoadOptions,
         topo: &Topology,
         tenants: &Tenants,
         open_object: &'a mut MaybeUninit<OpenObject>,

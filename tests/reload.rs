@@ -12,7 +12,10 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use scx_zernel::daemon::{apply_reload, Mode, Pipeline, Reloader, Source};
+use scx_zernel::config::{Mode, Source};
+use scx_zernel::daemon::apply_reload;
+use scx_zernel::pipeline::Pipeline;
+use scx_zernel::reload::Reloader;
 use scx_zernel::topology::Topology;
 
 /// The loop's wait-and-reload, on a thread: sends (ok, first rule's comm

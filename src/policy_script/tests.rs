@@ -2,7 +2,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::config::Config;
-use crate::daemon::Pipeline;
+use crate::pipeline::Pipeline;
 use crate::observe::fixture::{write_proc, FakeProc, TempDir};
 use crate::topology::Topology;
 

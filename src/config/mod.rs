@@ -21,6 +21,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+mod source;
+
+pub use source::{Mode, Source};
+
 use crate::policy::PolicyConfig;
 use crate::rules::RuleConfig;
 

@@ -1,0 +1,363 @@
+//! The pipeline from /proc to decisions, with no BPF in it:
+//!
+//! ```text
+//!   GpuProvider::refresh ─> Observer::poll ─> Snapshot
+//!     ─> PhaseDetector::update (threads with a new sample or change)
+//!     ─> rules (new, renamed, exec'd or moved threads only)
+//!     ─> PolicyConfig::decide ─> policy script (facts changed only)
+//!     ─> (tid, start time, decision) of every decided thread
+//! ```
+//! The daemon (attached) and `scx_zernel observe` (not) both run it.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use rustc_hash::FxHashMap;
+use tracing::{debug, info, warn};
+
+use crate::config::Config;
+use crate::gpu::{self, GpuProvider};
+use crate::observe::{Changes, Observer, ProcEvent, ProcessView, Snapshot};
+use crate::phase::{Phase, PhaseDetector};
+use crate::policy::{Decision, Facts};
+use crate::policy_script::{self, Reopened, Script, ThreadFacts};
+use crate::rules::{Identity, Rules};
+use crate::sched;
+use crate::stats::Metrics;
+use crate::tenants::Tenants;
+use crate::topology::Topology;
+
+/// Everything from /proc to decisions: no BPF in here, so it can also run
+/// where nothing is attached.
+pub struct Pipeline {
+    pub cfg: Config,
+    rules: Rules,
+    pub tenants: Tenants,
+    /// The tenants changed (reload): their weights must reach the kernel.
+    pub tenants_changed: bool,
+    topo: Topology,
+    observer: Observer,
+    gpu: Box<dyn GpuProvider>,
+    detector: PhaseDetector,
+    /// The rule each thread matched, evaluated when it appears or is renamed:
+    /// its index + 1, 0 for none (small entries: this map is read for every
+    /// thread in every pass).
+    matched: FxHashMap<u32, u32>,
+    decided: Vec<(u32, u64, Decision)>,
+    /// `[policy] script`, with its verdicts cached per thread.
+    script: Option<Script>,
+    /// Counters of the scripts replaced by reloads (the stats are cumulative).
+    script_retired: policy_script::ScriptStats,
+    /// The kernel's process events reach the observer.
+    process_events: bool,
+    /// (process events, /proc listings) of observers replaced by reloads.
+    discovery_retired: (u64, u64),
+}
+
+impl Pipeline {
+    pub fn new(cfg: Config, topo: Topology) -> Result<Pipeline> {
+        let rules = Rules::compile(&cfg.rules, &cfg.tenant_names()).map_err(anyhow::Error::msg)?;
+        let tenants =
+            Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?.with_default_weight(cfg.tenancy.default_weight);
+        let script =
+            match policy_script::reopen(None, &cfg.policy.script, &cfg.tenant_names(), cfg.scheduler.default_class)
+                .map_err(anyhow::Error::msg)?
+            {
+                Reopened::New(s) => s.map(|s| *s),
+                Reopened::Same => None,
+            };
+        if let Some(s) = &script {
+            info!("policy script {} loaded", s.path().display());
+        }
+        Ok(Pipeline {
+            script,
+            script_retired: Default::default(),
+            process_events: false,
+            discovery_retired: (0, 0),
+            tenants,
+            tenants_changed: false,
+            observer: Observer::new(&cfg.observe),
+            gpu: gpu::open(&cfg.gpu),
+            detector: PhaseDetector::new(cfg.phase.clone()),
+            rules,
+            topo,
+            cfg,
+            matched: FxHashMap::default(),
+            decided: Vec::new(),
+        })
+    }
+
+    /// The kernel saw process `pid` open a GPU device: ML in the next pass.
+    pub fn note_gpu_open(&mut self, o: &sched::GpuOpen) {
+        let what = format!("device open {}:{} by tid {}", o.major, o.minor, o.tid);
+        self.observer.note_device_open(o.pid as i32, o.start_ticks, &what);
+    }
+
+    /// Whether the kernel's process events come (see
+    /// [`Observer::set_process_events`]).
+    pub fn set_process_events(&mut self, live: bool) {
+        self.process_events = live;
+        self.observer.set_process_events(live);
+    }
+
+    /// Processes the kernel told of (fork, exec, exit) since the last pass.
+    pub fn note_process_events(&mut self, events: &[ProcEvent]) {
+        self.observer.note_process_events(events);
+    }
+
+    /// The kernel lost events: /proc is listed in the next pass.
+    pub fn note_events_lost(&mut self) {
+        self.observer.note_events_lost();
+    }
+
+    /// Takes a topology read again after CPU hotplug.
+    pub fn set_topology(&mut self, topo: Topology) {
+        self.topo = topo;
+    }
+
+    /// Takes a new configuration (rules, policy, phase thresholds, GPU
+    /// source); the scheduler section needs a restart and is kept.
+    pub fn reconfigure(&mut self, mut cfg: Config) -> Result<()> {
+        let rules = Rules::compile(&cfg.rules, &cfg.tenant_names()).map_err(anyhow::Error::msg)?;
+        let tenants =
+            Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?.with_default_weight(cfg.tenancy.default_weight);
+        if tenants.len() != self.tenants.len() {
+            bail!(
+                "the number of [[tenants]] changed ({} -> {}): restart scx_zernel to apply",
+                self.tenants.len(),
+                tenants.len()
+            );
+        }
+        let mut topo = self.topo.clone();
+        topo.apply_config(&cfg.topology).map_err(anyhow::Error::msg)?;
+        if cfg.scheduler != self.cfg.scheduler {
+            warn!("[scheduler] changes take effect at the next start; keeping the running values");
+            cfg.scheduler = self.cfg.scheduler.clone();
+        }
+        let names = cfg.tenant_names();
+        let script =
+            policy_script::reopen(self.script.as_ref(), &cfg.policy.script, &names, cfg.scheduler.default_class)
+                .map_err(anyhow::Error::msg)?;
+        if let Reopened::New(s) = script {
+            if let Some(s) = &s {
+                info!("policy script {} loaded", s.path().display());
+            }
+            if let Some(old) = &self.script {
+                self.script_retired.add(&old.stats());
+            }
+            self.script = s.map(|s| *s);
+        }
+        if cfg.gpu != self.cfg.gpu {
+            self.gpu = gpu::open(&cfg.gpu);
+        }
+        if cfg.observe != self.cfg.observe {
+            let (e, l) = self.observer.discovery_counts();
+            self.discovery_retired.0 += e;
+            self.discovery_retired.1 += l;
+            self.observer = Observer::new(&cfg.observe);
+            self.observer.set_process_events(self.process_events);
+        }
+        if cfg.phase != self.cfg.phase {
+            self.detector = PhaseDetector::new(cfg.phase.clone());
+        }
+        self.tenants_changed |= cfg.tenants != self.cfg.tenants || cfg.tenancy != self.cfg.tenancy;
+        self.rules = rules;
+        self.tenants = tenants;
+        self.topo = topo;
+        self.matched.clear();
+        self.cfg = cfg;
+        Ok(())
+    }
+
+    /// One pass: observe, match rules, detect phases, decide. Afterwards
+    /// [`snapshot`](Self::snapshot) and [`decisions`](Self::decisions) hold
+    /// what was seen and decided.
+    pub fn pass(&mut self) {
+        self.gpu.refresh();
+        // GPU index -> PCI address (-> NUMA node) from the provider's own list.
+        let devices: Vec<(u32, &str)> = self.gpu.devices().iter().map(|d| (d.index, d.pci_bus_id.as_str())).collect();
+        self.topo.set_gpu_devices(&devices);
+        let snap = self.observer.poll(self.gpu.as_ref());
+        for g in &snap.gone {
+            self.matched.remove(&(g.tid as u32));
+        }
+        // Operators see each job found (or lost), with the evidence for it.
+        let ml_news = |p: &&ProcessView| p.changes.contains(Changes::ML) || (p.ml && p.changes.contains(Changes::NEW));
+        for p in snap.processes.iter().filter(ml_news) {
+            if p.ml {
+                let num = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
+                info!(
+                    "ML process pid={} comm={:?} evidence={} ({}) rank={} local_rank={} world_size={} loader={}",
+                    p.pid,
+                    p.comm,
+                    p.evidence,
+                    if p.evidence_detail.is_empty() { "inherited" } else { &p.evidence_detail },
+                    num(p.env.rank),
+                    num(p.env.local_rank),
+                    num(p.env.world_size),
+                    p.loader_process
+                );
+            } else {
+                info!("pid={} comm={:?} is no longer ML", p.pid, p.comm);
+            }
+        }
+        // Phases first: the decisions below read them.
+        for c in self.detector.update(snap) {
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                let comm = snap.threads.iter().find(|t| t.tid == c.tid).map_or("?", |t| &t.comm);
+                debug!("phase tid={} pid={} comm={comm:?} {} -> {}", c.tid, c.tgid, c.from, c.to);
+            }
+        }
+        // Rules: evaluated only for threads that are new, renamed, or whose
+        // process exec'd or moved (and for all after a reload, which clears
+        // the cache). Then the policy decides for every thread.
+        let mut forced = Vec::new();
+        self.decided.clear();
+        if let Some(s) = &mut self.script {
+            s.begin_pass();
+        }
+        for t in &snap.threads {
+            let p = snap.process_of(t);
+            let tid = t.tid as u32;
+            let changed = !t.changes.is_empty() || !p.changes.is_empty();
+            let slot = match self.matched.get(&tid) {
+                Some(&slot) if !changed => slot,
+                _ => {
+                    let m = self.rules.first_match(&identity(p, &t.comm));
+                    if t.tid == p.pid {
+                        forced.push((p.pid, m.is_some_and(|m| m.ml).then_some(true)));
+                    }
+                    let slot = m.map_or(0, |m| m.index as u32 + 1);
+                    self.matched.insert(tid, slot);
+                    slot
+                }
+            };
+            let matched = match_of(&self.rules, slot);
+            let matched = matched.as_ref();
+            let phase = if t.ml { self.detector.phase(t.tid) } else { Phase::Unknown };
+            let facts = Facts {
+                ml: t.ml,
+                rule: matched.map(|m| m.verdict),
+                phase,
+                node: if t.ml { self.topo.preferred_node_for_gpus(&p.gpu.devices) } else { None },
+                tenant: match matched.and_then(|m| m.tenant) {
+                    Some(t) => Some(t),
+                    None if self.tenants.is_empty() => None,
+                    None => self.tenants.of_cgroup(&p.cgroup),
+                },
+            };
+            let mut d = self.cfg.policy.decide(&facts, self.cfg.scheduler.default_class);
+            if let Some(s) = &mut self.script {
+                let facts = ThreadFacts {
+                    pid: p.pid,
+                    tid: t.tid,
+                    start_ticks: t.start_ticks,
+                    comm: &t.comm,
+                    cmdline: &p.cmdline,
+                    cgroup: &p.cgroup,
+                    parent_comm: &p.parent_comm,
+                    uid: p.uid,
+                    gid: p.gid,
+                    ml: t.ml,
+                    evidence: p.evidence,
+                    rank: p.env.rank,
+                    local_rank: p.env.local_rank,
+                    world_size: p.env.world_size,
+                    role: t.role,
+                    phase,
+                    gpus: &p.gpu.devices,
+                    node: facts.node,
+                    tenant: facts.tenant.map(|i| self.tenants.name(i)),
+                };
+                d = s.decide(&facts, d);
+            }
+            if let Some(d) = d {
+                self.decided.push((tid, t.start_ticks, d));
+            }
+        }
+        if let Some(s) = &mut self.script {
+            s.end_pass();
+        }
+        // Tenants weighted by the GPUs they use: one sample per pass.
+        if self.tenants.measured() {
+            let mut used: Vec<HashSet<u32>> = vec![HashSet::new(); self.tenants.len()];
+            for p in snap.processes.iter().filter(|p| !p.gpu.devices.is_empty()) {
+                if let Some(i) = self.tenants.of_cgroup(&p.cgroup) {
+                    used[i].extend(p.gpu.devices.iter().copied());
+                }
+            }
+            let counts: Vec<usize> = used.iter().map(HashSet::len).collect();
+            if self.tenants.rebalance(&counts, &self.cfg.tenancy, Instant::now()) {
+                info!("tenant weights rebalanced: GPUs in use {counts:?}, weights {:?}", self.tenants.weights());
+                self.tenants_changed = true;
+            }
+        }
+        // `ml = true` rules make the process ML (effective next pass).
+        for (pid, force) in forced {
+            self.observer.set_forced_ml(pid, force);
+        }
+    }
+
+    /// What the last pass saw.
+    pub fn snapshot(&self) -> &Snapshot {
+        self.observer.snapshot()
+    }
+
+    /// (tid, start time, decision) of every thread the last pass decided on.
+    pub fn decisions(&self) -> &[(u32, u64, Decision)] {
+        &self.decided
+    }
+
+    pub fn phase(&self, tid: i32) -> Phase {
+        self.detector.phase(tid)
+    }
+
+    /// What the policy script said about a thread in the last pass (None
+    /// without a script).
+    pub fn script_verdict(&self, tid: u32) -> Option<policy_script::Verdict> {
+        self.script.as_ref()?.verdict(tid)
+    }
+
+    /// The running policy script, if any.
+    pub fn script(&self) -> Option<&Script> {
+        self.script.as_ref()
+    }
+
+    /// The rule that matched a thread when it was last evaluated, if any.
+    pub fn rule_match(&self, tid: u32) -> Option<crate::rules::Match> {
+        match_of(&self.rules, *self.matched.get(&tid)?)
+    }
+
+    pub fn fill_metrics(&self, m: &mut Metrics) {
+        let snap = self.snapshot();
+        let s = self.detector.stats();
+        m.threads = snap.threads.len() as u64;
+        m.ml_threads = snap.threads.iter().filter(|t| t.ml).count() as u64;
+        m.phase_data_loading = s.threads_in(Phase::DataLoading);
+        m.phase_gpu_compute = s.threads_in(Phase::GpuCompute);
+        m.phase_nccl_collective = s.threads_in(Phase::NcclCollective);
+        m.phase_optimizer_step = s.threads_in(Phase::OptimizerStep);
+        m.phase_transitions = s.transitions;
+        m.observe_pass_us = snap.pass_ns / 1000;
+        let mut st = self.script_retired;
+        if let Some(s) = &self.script {
+            st.add(&s.stats());
+        }
+        m.script_calls = st.calls;
+        m.script_errors = st.errors;
+        m.script_budget_exceeded = st.budget_exceeded;
+        let (e, l) = self.observer.discovery_counts();
+        m.proc_events = self.discovery_retired.0 + e;
+        m.proc_listings = self.discovery_retired.1 + l;
+    }
+}
+
+/// The Match a `Pipeline::matched` slot stands for.
+fn match_of(rules: &Rules, slot: u32) -> Option<crate::rules::Match> {
+    slot.checked_sub(1).and_then(|i| rules.at(i as usize))
+}
+
+fn identity<'a>(p: &'a ProcessView, comm: &'a str) -> Identity<'a> {
+    Identity { comm, cmdline: &p.cmdline, cgroup: &p.cgroup, parent_comm: &p.parent_comm, uid: p.uid, gid: p.gid }
+}
