@@ -12,8 +12,8 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use scx_zernel::config::{Mode, Source};
 use scx_zernel::daemon;
-use scx_zernel::sched::LoadOptions;
 use scx_zernel::logging::{self, LogFormat};
+use scx_zernel::sched::LoadOptions;
 use scx_zernel::{inspect, observe_cmd, stats};
 
 /// scx_zernel: an ML-aware sched_ext scheduler.

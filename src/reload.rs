@@ -283,7 +283,7 @@ impl Reloader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
+    use crate::config::Mode;
 
     fn wait(w: &ReloadWatch, within: Duration) -> Option<Trigger> {
         w.receiver().recv_timeout(within).ok()

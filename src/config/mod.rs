@@ -281,7 +281,7 @@ mod tests {
 
     #[test]
     fn shipped_config_parses_and_equals_defaults() {
-        let text = include_str!("../configs/zernel.toml");
+        let text = include_str!("../../configs/zernel.toml");
         let cfg = Config::parse(text, "configs/zernel.toml").unwrap();
         assert_eq!(cfg, Config::default());
     }
@@ -371,7 +371,7 @@ mod fuzz {
 
     #[test]
     fn no_input_panics_and_errors_are_one_line() {
-        let base = include_str!("../configs/zernel.toml").as_bytes().to_vec();
+        let base = include_str!("../../configs/zernel.toml").as_bytes().to_vec();
         let mut rng = XorShift(0x5eed_2e41);
         let (mut ok, mut err) = (0, 0);
         for _ in 0..4000 {
