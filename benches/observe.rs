@@ -9,8 +9,9 @@
 //! rules, phase detection, policy, decision diff: all but the BPF map
 //! writes) for 30 s at 100 ms with 2000 threads (long enough to include
 //! the quiet threads' fallback samples, every 15-25 s) and reports the
-//! process's CPU time (getrusage) as a percentage of one core, without and
-//! with a policy script (`[policy] script`, [`SCRIPT`]).
+//! process's CPU time (getrusage) as a percentage of one core; and without
+//! and with a policy script (`[policy] script`, [`SCRIPT`]) with the
+//! kernel's process events on, as the attached daemon runs.
 //!
 //! The policy script's own cost: one call of `decide` (the facts table
 //! built, the Lua function run, its table read back), the CPU time of
@@ -37,10 +38,10 @@ use std::path::Path;
 use scx_zernel::config::Class;
 use scx_zernel::config::Config;
 use scx_zernel::decisions::{DecisionSink, Decisions};
-use scx_zernel::pipeline::Pipeline;
 use scx_zernel::gpu::NoGpu;
 use scx_zernel::observe::{MlEvidence, ObserveConfig, Observer, ThreadRole};
 use scx_zernel::phase::Phase;
+use scx_zernel::pipeline::Pipeline;
 use scx_zernel::policy::Decision;
 use scx_zernel::policy_script::{Script, ThreadFacts};
 use scx_zernel::sched::WriteError;
@@ -160,17 +161,12 @@ impl DecisionSink for NoMap {
 /// The daemon's loop for `secs` (GPU refresh, observer pass, rules, phase
 /// detection, policy, decision diff); returns CPU % of one core.
 fn daemon_cpu(cfg: &ObserveConfig, secs: u64) -> f64 {
-    daemon_cpu_with(cfg, "", secs).0
+    daemon_cpu_events(cfg, "", secs, false).0
 }
 
-/// [`daemon_cpu`] with `[policy] script = script`; also returns the
-/// script's calls during the measured time.
-fn daemon_cpu_with(cfg: &ObserveConfig, script: &str, secs: u64) -> (f64, u64) {
-    daemon_cpu_events(cfg, script, secs, false)
-}
-
-/// [`daemon_cpu_with`], with the kernel's process events on or off (see
-/// [`time_passes_with`]).
+/// [`daemon_cpu`] with `[policy] script = script` (`""`: none) and the
+/// kernel's process events on or off (see [`time_passes_with`]); also
+/// returns the script's calls during the measured time.
 fn daemon_cpu_events(cfg: &ObserveConfig, script: &str, secs: u64, events: bool) -> (f64, u64) {
     let mut config = Config { observe: cfg.clone(), ..Config::default() };
     config.policy.script = script.to_string();
@@ -185,7 +181,7 @@ fn daemon_cpu_events(cfg: &ObserveConfig, script: &str, secs: u64, events: bool)
     let mut decisions = Decisions::default();
     let mut pass = |pipeline: &mut Pipeline| {
         pipeline.pass();
-        decisions.apply(&NoMap, pipeline.decisions());
+        decisions.apply(&NoMap, pipeline.changed());
     };
     for _ in 0..15 {
         pass(&mut pipeline);
@@ -361,17 +357,18 @@ process events: /proc listed when loadavg moved (off) vs every 5 rescan interval
     }
 }
 
-/// The daemon loop's CPU with the policy script and 2,000 threads.
+/// The daemon loop's CPU with the policy script and 2,000 threads, with the
+/// kernel's process events on (as the attached daemon runs).
 fn script_cpu(cfg: &ObserveConfig, cpu_secs: u64) {
     let path = std::env::temp_dir().join(format!("zernel-bench-policy-{}.lua", std::process::id()));
     std::fs::write(&path, SCRIPT).expect("writing the bench script");
     let script = path.display().to_string();
-    println!("\ndaemon CPU with [policy] script (the same loop), {cpu_secs} s at 100 ms");
+    println!("\ndaemon CPU with [policy] script (the same loop, process events on), {cpu_secs} s at 100 ms");
     for (name, ml) in [("(c) ML process, 2000 threads", true), ("(d) non-ML process, 2000 threads", false)] {
         let _w = spawn(2000, ml);
         std::thread::sleep(Duration::from_millis(300));
-        let (without, _) = daemon_cpu_with(cfg, "", cpu_secs);
-        let (pct, calls) = daemon_cpu_with(cfg, &script, cpu_secs);
+        let (without, _) = daemon_cpu_events(cfg, "", cpu_secs, true);
+        let (pct, calls) = daemon_cpu_events(cfg, &script, cpu_secs, true);
         println!(
             "{name:<40} {pct:>6.2} % of one core with the script, {without:>6.2} % without ({calls} script calls while measured)"
         );

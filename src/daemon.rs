@@ -7,7 +7,7 @@
 //!     every phase_eval_interval_ms:
 //!        Observer::poll ─> rules (new/renamed threads only) ─> PhaseDetector::update
 //!          ─> PolicyConfig::decide ─> policy script (facts changed only)
-//!          ─> Decisions::diff ─> task_class map
+//!          ─> Decisions::apply (what changed) ─> task_class map
 //!     between passes: answer stats requests; SIGHUP, or an inotify event
 //!     after which the config file differs, ends the wait, and the next pass
 //!     starts with the reload; GPU device opens from the kernel's ring
@@ -146,7 +146,9 @@ fn serve(
 ) -> Result<bool> {
     let server = StatsServer::new(stats::server_data()).launch()?;
     let (res_ch, req_ch) = server.channels();
+    // A new map: every decision is written again.
     let mut decisions = Decisions::default();
+    pipeline.resync();
     let mut metrics = Metrics::default();
     // What the last --stats line covered: each line shows what came since.
     let mut printed = Metrics::default();
@@ -198,7 +200,7 @@ fn serve(
             }
         }
         tracing::debug_span!("observe").in_scope(|| pipeline.pass());
-        let (written, full) = tracing::debug_span!("write").in_scope(|| decisions.apply(sched, pipeline.decisions()));
+        let (written, full) = tracing::debug_span!("write").in_scope(|| decisions.apply(sched, pipeline.changed()));
         opens.retain_mut(|(o, passes)| {
             *passes += 1;
             let judged =

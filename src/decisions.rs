@@ -28,46 +28,56 @@ impl DecisionSink for Scheduler<'_> {
     }
 }
 
-/// The decisions currently in the map, to write only what changes.
+/// The decisions currently in the map, and those whose write failed (the
+/// map was full): retried every pass until written or withdrawn.
 #[derive(Default)]
 pub struct Decisions {
-    /// tid -> (start time, decision, pass that last decided it)
-    held: FxHashMap<u32, (u64, Decision, u64)>,
-    pass: u64,
+    /// tid -> (start time, decision) in the map.
+    held: FxHashMap<u32, (u64, Decision)>,
+    /// tid -> (start time, decision) not written yet.
+    pending: FxHashMap<u32, (u64, Decision)>,
 }
 
 impl Decisions {
-    /// Writes what changed; forgets what is gone. Returns (written, full).
-    pub fn apply(&mut self, sink: &impl DecisionSink, decided: &[(u32, u64, Decision)]) -> (u64, u64) {
+    /// Applies the pipeline's changes (see
+    /// [`Pipeline::changed`](crate::pipeline::Pipeline::changed)): writes
+    /// a new or different decision, removes a withdrawn one, and retries
+    /// the writes that failed before. Returns (written, full).
+    pub fn apply(&mut self, sink: &impl DecisionSink, changed: &[(u32, u64, Option<Decision>)]) -> (u64, u64) {
         let (mut written, mut full) = (0, 0);
-        self.pass += 1;
-        let pass = self.pass;
-        for (tid, start, d) in decided {
-            if let Some(h) = self.held.get_mut(tid) {
-                if (h.0, h.1) == (*start, *d) {
-                    h.2 = pass;
-                    continue;
+        for (tid, start, d) in changed {
+            match d {
+                Some(d) => {
+                    if self.held.get(tid) != Some(&(*start, *d)) {
+                        self.pending.insert(*tid, (*start, *d));
+                    }
                 }
-            }
-            match sink.write(*tid, *start, d) {
-                Ok(()) => {
-                    self.held.insert(*tid, (*start, *d, pass));
-                    written += 1;
+                None => {
+                    self.pending.remove(tid);
+                    // exit_task deletes the entry of an exiting thread, but a
+                    // thread that exited between the observer's pass and our
+                    // write got its entry after exit_task ran: delete anyway.
+                    if self.held.remove(tid).is_some() {
+                        sink.remove(*tid);
+                    }
                 }
-                Err(WriteError::Full) => full += 1,
-                Err(e) => sched::warn_write(*tid, &e),
             }
         }
-        // Threads that lost their decision (phase back to Unknown) or
-        // vanished. exit_task deletes the entry of an exiting thread, but a
-        // thread that exited between the observer's pass and our write got
-        // its entry after exit_task ran: delete in both cases.
-        self.held.retain(|tid, h| {
-            let keep = h.2 == pass;
-            if !keep {
-                sink.remove(*tid);
+        let held = &mut self.held;
+        self.pending.retain(|tid, (start, d)| match sink.write(*tid, *start, d) {
+            Ok(()) => {
+                held.insert(*tid, (*start, *d));
+                written += 1;
+                false
             }
-            keep
+            Err(WriteError::Full) => {
+                full += 1;
+                true
+            }
+            Err(e) => {
+                sched::warn_write(*tid, &e);
+                true
+            }
         });
         (written, full)
     }

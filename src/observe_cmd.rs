@@ -35,8 +35,8 @@ use serde::Serialize;
 use tracing::warn;
 
 use crate::config::{Class, Config};
-use crate::pipeline::Pipeline;
 use crate::phase::Phase;
+use crate::pipeline::Pipeline;
 use crate::policy::Decision;
 use crate::stats::Metrics;
 use crate::topology::Topology;
@@ -140,7 +140,7 @@ pub struct ScriptView {
 /// What to list from one pipeline pass.
 pub fn collect(pipeline: &Pipeline, all: bool) -> PassView {
     let (snap, decided) = (pipeline.snapshot(), pipeline.decisions());
-    let decisions: HashMap<u32, &Decision> = decided.iter().map(|(tid, _, d)| (*tid, d)).collect();
+    let decisions: HashMap<u32, &Decision> = decided.map(|(tid, _, d)| (tid, d)).collect();
     let slices = &pipeline.cfg.scheduler.slice_us;
     let mut m = Metrics::default();
     pipeline.fill_metrics(&mut m);

@@ -10,6 +10,7 @@
 //! The daemon (attached) and `scx_zernel observe` (not) both run it.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -40,11 +41,23 @@ pub struct Pipeline {
     observer: Observer,
     gpu: Box<dyn GpuProvider>,
     detector: PhaseDetector,
-    /// The rule each thread matched, evaluated when it appears or is renamed:
-    /// its index + 1, 0 for none (small entries: this map is read for every
-    /// thread in every pass).
-    matched: FxHashMap<u32, u32>,
-    decided: Vec<(u32, u64, Decision)>,
+    /// Per thread: the rule it matched and the decision in force.
+    threads: FxHashMap<u32, Held>,
+    /// What changed in the last pass: (tid, start time, the new decision, or
+    /// None when it was withdrawn).
+    changed: Vec<(u32, u64, Option<Decision>)>,
+    /// GPUs of each process at its last decision: a change re-decides its
+    /// threads (their node, the script's `gpus`).
+    proc_gpus: FxHashMap<i32, Arc<[u32]>>,
+    /// The GPU provider's devices at the last pass (index, PCI address).
+    gpu_devices: Vec<(u32, String)>,
+    /// Passes run; a pass whose number is 1 modulo [`FULL_PASS_EVERY`]
+    /// decides every thread.
+    passes: u64,
+    /// The next pass decides every thread (reload, topology).
+    full_due: bool,
+    /// The next pass reports every decision as changed (a new map).
+    resync: bool,
     /// `[policy] script`, with its verdicts cached per thread.
     script: Option<Script>,
     /// Counters of the scripts replaced by reloads (the stats are cumulative).
@@ -83,8 +96,13 @@ impl Pipeline {
             rules,
             topo,
             cfg,
-            matched: FxHashMap::default(),
-            decided: Vec::new(),
+            threads: FxHashMap::default(),
+            changed: Vec::new(),
+            proc_gpus: FxHashMap::default(),
+            gpu_devices: Vec::new(),
+            passes: 0,
+            full_due: true,
+            resync: false,
         })
     }
 
@@ -111,9 +129,16 @@ impl Pipeline {
         self.observer.note_events_lost();
     }
 
+    /// The decisions go to a new, empty map (the scheduler was attached
+    /// again): the next pass reports all of them in [`changed`](Self::changed).
+    pub fn resync(&mut self) {
+        self.resync = true;
+    }
+
     /// Takes a topology read again after CPU hotplug.
     pub fn set_topology(&mut self, topo: Topology) {
         self.topo = topo;
+        self.full_due = true;
     }
 
     /// Takes a new configuration (rules, policy, phase thresholds, GPU
@@ -165,22 +190,54 @@ impl Pipeline {
         self.rules = rules;
         self.tenants = tenants;
         self.topo = topo;
-        self.matched.clear();
+        // Rules are matched again, and every thread decided again.
+        for h in self.threads.values_mut() {
+            h.slot = None;
+        }
+        self.full_due = true;
         self.cfg = cfg;
         Ok(())
     }
 
     /// One pass: observe, match rules, detect phases, decide. Afterwards
-    /// [`snapshot`](Self::snapshot) and [`decisions`](Self::decisions) hold
-    /// what was seen and decided.
+    /// [`snapshot`](Self::snapshot) holds what was seen,
+    /// [`changed`](Self::changed) the decisions that changed and
+    /// [`decisions`](Self::decisions) all those in force.
+    ///
+    /// Only threads whose facts may have changed are decided again: a
+    /// change the observer flags on the thread or its process (new, renamed,
+    /// exec, cgroup, ML, role, parent), a phase change, or a change of the
+    /// process's GPUs. Every [`FULL_PASS_EVERY`] passes, and after a reload
+    /// or a topology change, every thread is, which bounds how long anything
+    /// else (a parent's new name, say) can go unseen.
     pub fn pass(&mut self) {
+        self.passes += 1;
+        let resync = std::mem::take(&mut self.resync);
+        let mut full = std::mem::take(&mut self.full_due) || resync || self.passes % FULL_PASS_EVERY == 1;
+        self.changed.clear();
         self.gpu.refresh();
         // GPU index -> PCI address (-> NUMA node) from the provider's own list.
-        let devices: Vec<(u32, &str)> = self.gpu.devices().iter().map(|d| (d.index, d.pci_bus_id.as_str())).collect();
-        self.topo.set_gpu_devices(&devices);
+        let devices = self.gpu.devices();
+        if devices.len() != self.gpu_devices.len()
+            || devices.iter().zip(&self.gpu_devices).any(|(d, (i, a))| d.index != *i || d.pci_bus_id != *a)
+        {
+            self.gpu_devices = devices.iter().map(|d| (d.index, d.pci_bus_id.clone())).collect();
+            let list: Vec<(u32, &str)> = self.gpu_devices.iter().map(|(i, a)| (*i, a.as_str())).collect();
+            self.topo.set_gpu_devices(&list);
+            full = true;
+        }
         let snap = self.observer.poll(self.gpu.as_ref());
         for g in &snap.gone {
-            self.matched.remove(&(g.tid as u32));
+            let tid = g.tid as u32;
+            if self.threads.get(&tid).is_some_and(|h| h.start_ticks == g.start_ticks) {
+                let h = self.threads.remove(&tid).expect("looked up");
+                if h.decision.is_some() {
+                    self.changed.push((tid, h.start_ticks, None));
+                }
+                if let Some(s) = &mut self.script {
+                    s.forget(tid);
+                }
+            }
         }
         // Operators see each job found (or lost), with the evidence for it.
         let ml_news = |p: &&ProcessView| p.changes.contains(Changes::ML) || (p.ml && p.changes.contains(Changes::NEW));
@@ -203,33 +260,75 @@ impl Pipeline {
             }
         }
         // Phases first: the decisions below read them.
+        let mut phase_changed: Vec<u32> = Vec::new();
         for c in self.detector.update(snap) {
             if tracing::enabled!(tracing::Level::DEBUG) {
                 let comm = snap.threads.iter().find(|t| t.tid == c.tid).map_or("?", |t| &t.comm);
                 debug!("phase tid={} pid={} comm={comm:?} {} -> {}", c.tid, c.tgid, c.from, c.to);
             }
+            phase_changed.push(c.tid as u32);
         }
-        // Rules: evaluated only for threads that are new, renamed, or whose
-        // process exec'd or moved (and for all after a reload, which clears
-        // the cache). Then the policy decides for every thread.
+        phase_changed.sort_unstable();
+        // Processes whose GPUs changed (few processes have any).
+        let mut gpus_changed: Vec<i32> = Vec::new();
+        for p in &snap.processes {
+            let before = self.proc_gpus.get(&p.pid);
+            if before.map_or(!p.gpu.devices.is_empty(), |b| **b != *p.gpu.devices) {
+                gpus_changed.push(p.pid);
+                if p.gpu.devices.is_empty() {
+                    self.proc_gpus.remove(&p.pid);
+                } else {
+                    self.proc_gpus.insert(p.pid, p.gpu.devices.clone());
+                }
+            }
+        }
+        if full {
+            self.proc_gpus.retain(|pid, _| snap.process(*pid).is_some());
+        }
+        // Rules: matched only for threads that are new, renamed, or whose
+        // process exec'd or moved (and for all after a reload). Then the
+        // policy (and the script) decides.
         let mut forced = Vec::new();
-        self.decided.clear();
-        if let Some(s) = &mut self.script {
-            s.begin_pass();
+        if full {
+            if let Some(s) = &mut self.script {
+                s.begin_pass();
+            }
         }
         for t in &snap.threads {
             let p = snap.process_of(t);
             let tid = t.tid as u32;
             let changed = !t.changes.is_empty() || !p.changes.is_empty();
-            let slot = match self.matched.get(&tid) {
-                Some(&slot) if !changed => slot,
+            if !(full
+                || changed
+                || phase_changed.binary_search(&tid).is_ok()
+                || (!gpus_changed.is_empty() && gpus_changed.contains(&p.pid)))
+            {
+                continue;
+            }
+            let held = self.threads.entry(tid).or_insert(Held {
+                start_ticks: t.start_ticks,
+                slot: None,
+                decision: None,
+                seen: 0,
+            });
+            let recycled = held.start_ticks != t.start_ticks;
+            if recycled {
+                // A recycled tid: another thread.
+                if let Some(s) = &mut self.script {
+                    s.forget(tid);
+                }
+                *held = Held { start_ticks: t.start_ticks, slot: None, decision: held.decision, seen: 0 };
+            }
+            held.seen = self.passes;
+            let slot = match held.slot {
+                Some(slot) if !changed => slot,
                 _ => {
                     let m = self.rules.first_match(&identity(p, &t.comm));
                     if t.tid == p.pid {
                         forced.push((p.pid, m.is_some_and(|m| m.ml).then_some(true)));
                     }
                     let slot = m.map_or(0, |m| m.index as u32 + 1);
-                    self.matched.insert(tid, slot);
+                    held.slot = Some(slot);
                     slot
                 }
             };
@@ -272,12 +371,24 @@ impl Pipeline {
                 };
                 d = s.decide(&facts, d);
             }
-            if let Some(d) = d {
-                self.decided.push((tid, t.start_ticks, d));
+            if held.decision != d || ((recycled || resync) && d.is_some()) {
+                held.decision = d;
+                self.changed.push((tid, t.start_ticks, d));
             }
         }
-        if let Some(s) = &mut self.script {
-            s.end_pass();
+        if full {
+            if let Some(s) = &mut self.script {
+                s.end_pass();
+            }
+            // Threads no longer in the snapshot that no `gone` told of.
+            let (passes, changed) = (self.passes, &mut self.changed);
+            self.threads.retain(|&tid, h| {
+                let keep = h.seen == passes;
+                if !keep && h.decision.is_some() {
+                    changed.push((tid, h.start_ticks, None));
+                }
+                keep
+            });
         }
         // Tenants weighted by the GPUs they use: one sample per pass.
         if self.tenants.measured() {
@@ -304,9 +415,16 @@ impl Pipeline {
         self.observer.snapshot()
     }
 
-    /// (tid, start time, decision) of every thread the last pass decided on.
-    pub fn decisions(&self) -> &[(u32, u64, Decision)] {
-        &self.decided
+    /// The decisions that changed in the last pass: (tid, start time, the
+    /// new decision, or None for one withdrawn: the thread is gone or has
+    /// none now). What [`Decisions::apply`](crate::decisions::Decisions::apply) writes.
+    pub fn changed(&self) -> &[(u32, u64, Option<Decision>)] {
+        &self.changed
+    }
+
+    /// (tid, start time, decision) of every thread that has a decision.
+    pub fn decisions(&self) -> impl Iterator<Item = (u32, u64, &Decision)> + '_ {
+        self.threads.iter().filter_map(|(tid, h)| Some((*tid, h.start_ticks, h.decision.as_ref()?)))
     }
 
     pub fn phase(&self, tid: i32) -> Phase {
@@ -326,7 +444,7 @@ impl Pipeline {
 
     /// The rule that matched a thread when it was last evaluated, if any.
     pub fn rule_match(&self, tid: u32) -> Option<crate::rules::Match> {
-        match_of(&self.rules, *self.matched.get(&tid)?)
+        match_of(&self.rules, self.threads.get(&tid)?.slot?)
     }
 
     pub fn fill_metrics(&self, m: &mut Metrics) {
@@ -353,7 +471,24 @@ impl Pipeline {
     }
 }
 
-/// The Match a `Pipeline::matched` slot stands for.
+/// Every this many passes every thread is decided again, not only those
+/// whose facts changed (1 s at the default 100 ms period).
+pub const FULL_PASS_EVERY: u64 = 10;
+
+/// What the pipeline holds for a thread.
+struct Held {
+    /// Start time of the thread the entry is for (a recycled tid is another).
+    start_ticks: u64,
+    /// The rule matched when the thread appeared, was renamed or its process
+    /// exec'd or moved (index + 1, 0 for none); None: to be matched.
+    slot: Option<u32>,
+    /// The decision in force.
+    decision: Option<Decision>,
+    /// The last pass that decided it.
+    seen: u64,
+}
+
+/// The Match a [`Held::slot`] stands for.
 fn match_of(rules: &Rules, slot: u32) -> Option<crate::rules::Match> {
     slot.checked_sub(1).and_then(|i| rules.at(i as usize))
 }

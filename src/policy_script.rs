@@ -2,7 +2,7 @@
 //! facts change, never per scheduling event.
 //!
 //! ```text
-//!   per thread, every pass:
+//!   per thread whose facts may have changed (see Pipeline::pass):
 //!     facts (pid, tid, comm, cmdline, cgroup, uid, ML evidence, role, phase,
 //!            GPUs, node, tenant) + built-in decision ──hash──> fingerprint
 //!        │
@@ -41,9 +41,13 @@
 //! metamethods (finalizers run with hooks off, outside the budget). The
 //! state's memory is capped at [`MEMORY_LIMIT`]; each call (and the loading
 //! of the chunk) may run [`INSTRUCTION_BUDGET`] Lua instructions, counted
-//! by a hook every [`HOOK_EVERY`]. A single call into a C library function
-//! (a long `string.rep`, a pattern match) is bounded by the memory cap, not
-//! by the instruction count.
+//! by a hook every [`HOOK_EVERY`]. The hook does not run inside a C
+//! function, so the pattern functions (`find`, `match`, `gmatch`, `gsub`),
+//! whose backtracking can take time far beyond their input's size, are
+//! replaced by the same matcher written here (pattern.rs), which charges
+//! its steps to the same budget; the other library functions do work in
+//! proportion to what they return (`string.rep`, `table.concat`), which
+//! the memory cap bounds.
 //!
 //! A failed call (a Lua error, the budget, the memory cap, a returned value
 //! that is not a decision) keeps the built-in decision for that thread, is
@@ -56,7 +60,7 @@
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use mlua::{Function, HookTriggers, Lua, LuaOptions, StdLib, Table, Value, VmState};
@@ -195,9 +199,8 @@ pub struct Script {
     default_class: Class,
     lua: Lua,
     decide: Function,
-    /// Hook ticks left in the current call.
-    ticks_left: Arc<AtomicU32>,
-    exceeded: Arc<AtomicBool>,
+    /// Hook ticks left in the current call, shared with the pattern functions.
+    meter: pattern::Meter,
     /// tid -> (fingerprint, verdict, pass last seen)
     cache: FxHashMap<u32, (u64, Verdict, u64)>,
     pass: u64,
@@ -260,10 +263,16 @@ impl Script {
             .exec()
             .map_err(|e| format!("{}: cannot set up the sandbox: {e}", path.display()))?;
         lua.set_memory_limit(MEMORY_LIMIT).map_err(|e| format!("{}: {e}", path.display()))?;
-        let ticks_left = Arc::new(AtomicU32::new(0));
-        let exceeded = Arc::new(AtomicBool::new(false));
+        let meter = pattern::Meter {
+            ticks_left: Arc::new(AtomicU32::new(0)),
+            exceeded: Arc::new(AtomicBool::new(false)),
+            carry: Arc::new(AtomicU64::new(0)),
+            message: Arc::from(format!("instruction budget of {INSTRUCTION_BUDGET} exceeded")),
+        };
+        pattern::install(&lua, meter.clone())
+            .map_err(|e| format!("{}: cannot set up the sandbox: {e}", path.display()))?;
         {
-            let (left, exceeded) = (ticks_left.clone(), exceeded.clone());
+            let (left, exceeded) = (meter.ticks_left.clone(), meter.exceeded.clone());
             lua.set_hook(HookTriggers::new().every_nth_instruction(HOOK_EVERY), move |_, _| {
                 // Once out, every later tick fails too.
                 if left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_err() {
@@ -283,8 +292,7 @@ impl Script {
             default_class,
             decide: lua.create_function(|_, ()| Ok(())).map_err(|e| e.to_string())?,
             lua,
-            ticks_left,
-            exceeded,
+            meter,
             cache: FxHashMap::default(),
             pass: 0,
             stats: ScriptStats::default(),
@@ -293,7 +301,7 @@ impl Script {
         };
         s.arm();
         s.lua.load(text).set_name(format!("@{}", path.display())).exec().map_err(|e| {
-            if s.exceeded.load(Ordering::Relaxed) {
+            if s.meter.exceeded.load(Ordering::Relaxed) {
                 format!("{}: its top level ran out of the instruction budget ({INSTRUCTION_BUDGET})", path.display())
             } else {
                 one_line(path, &e)
@@ -330,19 +338,26 @@ impl Script {
 
     /// A new budget for the next piece of Lua.
     fn arm(&self) {
-        self.ticks_left.store(INSTRUCTION_BUDGET / HOOK_EVERY, Ordering::Relaxed);
-        self.exceeded.store(false, Ordering::Relaxed);
+        self.meter.ticks_left.store(INSTRUCTION_BUDGET / HOOK_EVERY, Ordering::Relaxed);
+        self.meter.exceeded.store(false, Ordering::Relaxed);
+        self.meter.carry.store(0, Ordering::Relaxed);
     }
 
-    /// Starts a pass: threads not seen again by [`end_pass`](Self::end_pass) are forgotten.
+    /// Starts a pass over every thread: the verdicts of threads not decided
+    /// again before [`end_pass`](Self::end_pass) are forgotten.
     pub fn begin_pass(&mut self) {
         self.pass += 1;
     }
 
-    /// Forgets the verdicts of threads not seen in this pass.
+    /// Forgets the verdicts of threads not decided since [`begin_pass`](Self::begin_pass).
     pub fn end_pass(&mut self) {
         let pass = self.pass;
         self.cache.retain(|_, e| e.2 == pass);
+    }
+
+    /// Forgets a thread's verdict (it is gone, or its tid was recycled).
+    pub fn forget(&mut self, tid: u32) {
+        self.cache.remove(&tid);
     }
 
     /// The verdict cached for a thread in the last pass.
@@ -378,7 +393,7 @@ impl Script {
         let v = match r {
             Ok(Ok(v)) => return v,
             Ok(Err(msg)) => (Failure::Error, format!("{}: decide returned {msg}", self.path.display())),
-            Err(_) if self.exceeded.load(Ordering::Relaxed) => (
+            Err(_) if self.meter.exceeded.load(Ordering::Relaxed) => (
                 Failure::Budget,
                 format!(
                     "{}: decide ran out of the instruction budget ({INSTRUCTION_BUDGET} instructions)",
@@ -561,5 +576,6 @@ pub fn reopen(
     }
 }
 
+mod pattern;
 #[cfg(test)]
 mod tests;

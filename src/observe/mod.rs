@@ -49,9 +49,15 @@
 //!   one let go of once reaped, and /proc is listed only every
 //!   [`RECONCILE_RESCANS`] rescan intervals, or at once when the kernel lost
 //!   events.
-//! * Non-ML processes cost one stat pread per `rescan_interval_ms`,
-//!   and one comm pread per thread on a back-off schedule (200 ms after it
-//!   appears, doubling up to `thread_name_interval_ms`) to catch renames.
+//! * Non-ML processes cost one stat pread per `rescan_interval_ms` (and a
+//!   cgroup pread, and an exe readlink and cmdline pread: with process
+//!   events, which tell of an exec at once, those two only every
+//!   [`RECONCILE_RESCANS`] rescans), and one comm pread per thread on a
+//!   back-off schedule (200 ms after it appears, doubling up to
+//!   `thread_name_interval_ms`) to catch renames.
+//! * A file the kernel shows as one record (a task's stat, schedstat,
+//!   status, comm...) is read with one pread; the snapshot copies only the
+//!   threads whose view changed since the previous pass.
 //! * Threads of ML processes cost one schedstat pread per pass (~1.5 µs);
 //!   only threads that were runnable ≥ `active_busy_frac` of the interval
 //!   also get stat, status, io and syscall (~20 µs).
@@ -189,9 +195,11 @@ pub const RECONCILE_RESCANS: u32 = 5;
 struct Class {
     ml: bool,
     evidence: MlEvidence,
+    /// The evidence described, when the evidence changed.
     detail: Option<Arc<str>>,
     loader: bool,
-    parent_comm: Arc<str>,
+    /// The parent's name (None: no parent known).
+    parent_comm: Option<Arc<str>>,
 }
 
 impl Observer {
@@ -412,6 +420,7 @@ impl Observer {
             matcher: &self.matcher,
             rescan_interval: self.rescan_interval,
             evidence_interval: self.evidence_interval,
+            program_every: if self.events_live { RECONCILE_RESCANS } else { 1 },
         };
         let mut ctx = PassCtx {
             root: &self.root,
@@ -486,13 +495,26 @@ impl Observer {
         snap.gone = gone;
         snap.gpus.clear();
         snap.gpus.extend_from_slice(gpu.devices());
-        snap.processes.clear();
         // Threads are updated in place: the same threads, pass after pass,
-        // keep their names and GPU lists (no reference counting).
+        // keep their names and GPU lists (no reference counting). Unless a
+        // process or thread came or went, only the threads whose view
+        // changed are copied.
+        let same_layout = snap.processes.len() == self.procs.len()
+            && self.procs.iter().zip(&snap.processes).all(|((pid, p), v)| *pid == v.pid && !p.layout_changed);
+        snap.processes.clear();
         let mut k = 0;
-        for (i, p) in self.procs.values().enumerate() {
+        for (i, p) in self.procs.values_mut().enumerate() {
             snap.processes.push(p.view.clone());
-            for t in &p.threads {
+            p.layout_changed = false;
+            let gpus = &p.view.gpu.devices;
+            // The process's GPUs reach all its threads' views.
+            let gpus_moved = !same_layout || snap.threads.get(k).is_some_and(|v| !Arc::ptr_eq(&v.gpus, gpus));
+            for t in &mut p.threads {
+                if !(t.dirty || gpus_moved) {
+                    k += 1;
+                    continue;
+                }
+                t.dirty = false;
                 match snap.threads.get_mut(k) {
                     Some(v) if v.tid == t.view.tid => v.update_from(&t.view),
                     Some(v) => *v = t.view.clone(),
@@ -501,8 +523,8 @@ impl Observer {
                 let v = &mut snap.threads[k];
                 v.proc_index = i;
                 v.ml = p.view.ml;
-                if !Arc::ptr_eq(&v.gpus, &p.view.gpu.devices) {
-                    v.gpus = p.view.gpu.devices.clone();
+                if !Arc::ptr_eq(&v.gpus, gpus) {
+                    v.gpus = gpus.clone();
                 }
                 k += 1;
             }
@@ -550,11 +572,13 @@ fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: 
         false
     };
 
-    let mut classes: HashMap<i32, Class> = HashMap::with_capacity(procs.len());
+    // In the map's order, which the loop below walks again.
+    let mut classes: Vec<Class> = Vec::with_capacity(procs.len());
     for (&pid, p) in procs.iter() {
         let own_ev = own(p);
         let from_parent = p.forced.is_none() && own_ev.is_empty() && inherited(p);
-        let parent_ml = procs.get(&p.view.ppid).is_some_and(|a| base_ml(a) || inherited(a));
+        let parent = procs.get(&p.view.ppid);
+        let parent_ml = parent.is_some_and(|a| base_ml(a) || inherited(a));
         let ml = p.forced.unwrap_or(!own_ev.is_empty() || from_parent);
         let mut evidence = own_ev;
         if parent_ml && ml {
@@ -563,28 +587,38 @@ fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: 
         if p.forced == Some(true) {
             evidence |= MlEvidence::FORCED;
         }
-        let parent = procs.get(&p.view.ppid);
-        let forked_python = parent
-            .is_some_and(|a| is_python(&p.view.exe) && a.view.exe == p.view.exe && a.view.cmdline == p.view.cmdline);
         let loader = ml
             && (roles::is_loader_name(&p.view.comm)
-                || (parent_ml && (forked_python || is_multiprocessing_child(&p.view.cmdline))));
-        let detail = p
-            .own_evidence()
-            .1
-            .map(Arc::from)
-            .or_else(|| gpu_pids.contains(&pid).then(|| Arc::from("gpu process list")))
-            .or_else(|| {
-                (evidence.contains(MlEvidence::PARENT)).then(|| Arc::from(format!("parent {}", p.view.ppid).as_str()))
-            })
-            .or_else(|| (p.forced == Some(true)).then(|| Arc::from("forced by rule")));
-        let parent_comm = parent.map(|a| a.view.comm.clone()).unwrap_or_else(|| Arc::from(""));
-        classes.insert(pid, Class { ml, evidence, detail, loader, parent_comm });
+                || (parent_ml && {
+                    let forked_python = parent.is_some_and(|a| {
+                        is_python(&p.view.exe) && a.view.exe == p.view.exe && a.view.cmdline == p.view.cmdline
+                    });
+                    forked_python || is_multiprocessing_child(&p.view.cmdline)
+                }));
+        // The description of the evidence, made again only when the
+        // evidence changed (most passes change nothing).
+        let detail = if evidence == p.view.evidence && ml == p.view.ml {
+            None
+        } else {
+            Some(
+                p.own_evidence()
+                    .1
+                    .map(Arc::from)
+                    .or_else(|| gpu_pids.contains(&pid).then(|| Arc::from("gpu process list")))
+                    .or_else(|| {
+                        (evidence.contains(MlEvidence::PARENT))
+                            .then(|| Arc::from(format!("parent {}", p.view.ppid).as_str()))
+                    })
+                    .or_else(|| (p.forced == Some(true)).then(|| Arc::from("forced by rule")))
+                    .unwrap_or_else(|| Arc::from("")),
+            )
+        };
+        let parent_comm = parent.map(|a| a.view.comm.clone());
+        classes.push(Class { ml, evidence, detail, loader, parent_comm });
     }
 
     let mut newly_ml = Vec::new();
-    for (&pid, p) in procs.iter_mut() {
-        let c = classes.remove(&pid).expect("classified above");
+    for ((&pid, p), c) in procs.iter_mut().zip(classes) {
         let v = &mut p.view;
         let was_ml = v.ml;
         if (c.ml != v.ml || c.evidence != v.evidence) && !v.changes.contains(Changes::NEW) {
@@ -593,9 +627,16 @@ fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: 
         let roles_stale = !v.changes.is_empty() || c.loader != v.loader_process;
         v.ml = c.ml;
         v.evidence = c.evidence;
-        v.evidence_detail = c.detail.unwrap_or_else(|| Arc::from(""));
+        if let Some(detail) = c.detail {
+            v.evidence_detail = detail;
+        }
         v.loader_process = c.loader;
-        v.parent_comm = c.parent_comm;
+        match c.parent_comm {
+            Some(comm) if !Arc::ptr_eq(&comm, &v.parent_comm) => v.parent_comm = comm,
+            Some(_) => {}
+            None if v.parent_comm.is_empty() => {}
+            None => v.parent_comm = Arc::from(""),
+        }
         if c.ml && !was_ml {
             newly_ml.push(pid);
         }
@@ -607,9 +648,15 @@ fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: 
             if t.view.ml != ml {
                 t.view.ml = ml;
                 t.view.changes |= Changes::ML;
+                t.dirty = true;
             }
             if roles_stale || !t.view.changes.is_empty() {
-                t.view.role = thread_role(&t.view.comm, ml, t.view.tid == pid_main, loader);
+                let role = thread_role(&t.view.comm, ml, t.view.tid == pid_main, loader);
+                if role != t.view.role {
+                    t.view.role = role;
+                    t.view.changes |= Changes::ROLE;
+                    t.dirty = true;
+                }
             }
         }
     }
@@ -636,7 +683,7 @@ fn join_gpus(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider) {
     }
     for p in procs.values_mut() {
         let v = &mut p.view;
-        v.gpu = if let Some((devs, util)) = per_pid.remove(&v.pid) {
+        let gpu = if let Some((devs, util)) = per_pid.remove(&v.pid) {
             ProcessGpu { devices: devs.into(), util_pct: Some(util), per_process: true }
         } else if let Some(list) = v.env.visible_devices.as_deref().filter(|_| !devices.is_empty()) {
             let devs = resolve_visible_devices(list, &ids);
@@ -651,5 +698,12 @@ fn join_gpus(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider) {
         } else {
             ProcessGpu::default()
         };
+        // The same devices keep the same list (threads' views share it).
+        if gpu.devices == v.gpu.devices {
+            v.gpu.util_pct = gpu.util_pct;
+            v.gpu.per_process = gpu.per_process;
+        } else {
+            v.gpu = gpu;
+        }
     }
 }

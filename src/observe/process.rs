@@ -40,6 +40,10 @@ pub struct ProcSettings<'a> {
     pub matcher: &'a EvidenceMatcher,
     pub rescan_interval: Duration,
     pub evidence_interval: Duration,
+    /// exe and cmdline are read again every this many rescans (1; with the
+    /// kernel's process events, which tell of an exec at once, more): a
+    /// rename or an exec event reads them at the next pass in any case.
+    pub program_every: u32,
 }
 
 struct ProcStat {
@@ -104,7 +108,13 @@ pub struct ProcEntry {
     vsize_at_scan: u64,
     last_scan: Instant,
     next_rescan: Instant,
+    /// Rescans since exe and cmdline were last read.
+    rescans_since_program: u32,
+    /// exe and cmdline are read at the next rescan (an exec was told).
+    program_due: bool,
     relist: bool,
+    /// Threads were added or removed since the snapshot last copied them.
+    pub layout_changed: bool,
     /// Listed in /proc in the current pass.
     pub seen: bool,
 }
@@ -152,7 +162,7 @@ impl ProcEntry {
     pub fn discover(pid: i32, ctx: &mut PassCtx, s: &ProcSettings) -> Result<ProcEntry, ReadError> {
         let root = ctx.root;
         let mut stat = ProcFile::default();
-        stat.read(|| leader_stat(root, pid), ctx.budget, ctx.buf)?;
+        stat.read_record(|| leader_stat(root, pid), ctx.budget, ctx.buf)?;
         let st = parse_proc_stat(ctx.buf.bytes())?;
         // Stagger rescans over the interval so they do not all fall on one pass.
         let stagger = s.rescan_interval.mul_f64((pid.unsigned_abs() % 97) as f64 / 97.0);
@@ -197,7 +207,10 @@ impl ProcEntry {
             vsize_at_scan: st.vsize,
             last_scan: ctx.now,
             next_rescan: ctx.now + stagger.max(Duration::from_millis(1)),
+            rescans_since_program: 0,
+            program_due: false,
             relist: true,
+            layout_changed: true,
             seen: true,
         };
         p.read_identity(ctx);
@@ -224,7 +237,7 @@ impl ProcEntry {
     /// cgroup v2 path. Returns true when it changed.
     fn read_cgroup(&mut self, ctx: &mut PassCtx) -> bool {
         let (root, pid) = (ctx.root, self.view.pid);
-        if self.cgroup_file.read(|| proc_dir(root, pid).join("cgroup"), ctx.budget, ctx.buf).is_err() {
+        if self.cgroup_file.read_record(|| proc_dir(root, pid).join("cgroup"), ctx.budget, ctx.buf).is_err() {
             return false;
         }
         let Ok(groups) = ProcessCGroups::from_read(ctx.buf.bytes()) else {
@@ -300,14 +313,14 @@ impl ProcEntry {
         // quiet_interval; the main thread's stat is cheaper the rest of the time.
         let check = self.view.ml && !ctx.quiet_interval.is_zero() && ctx.now >= self.next_group_check;
         if check {
-            self.group_stat.read(|| group_stat(root, pid), ctx.budget, ctx.buf)?;
+            self.group_stat.read_record(|| group_stat(root, pid), ctx.budget, ctx.buf)?;
             self.next_group_check = ctx.now + ctx.quiet_interval;
         } else {
             if !self.view.ml {
                 self.group_stat.close();
                 self.group_cpu_ns = None;
             }
-            self.stat.read(|| leader_stat(root, pid), ctx.budget, ctx.buf)?;
+            self.stat.read_record(|| leader_stat(root, pid), ctx.budget, ctx.buf)?;
         }
         let st = parse_proc_stat(ctx.buf.bytes())?;
         if st.start_ticks != self.view.start_ticks {
@@ -345,10 +358,21 @@ impl ProcEntry {
         if rescan_due {
             self.next_rescan = ctx.now + s.rescan_interval;
         }
-        if self.view.kernel_thread || !(renamed || rescan_due) {
+        if rescan_due {
+            self.rescans_since_program += 1;
+            self.program_due |= self.rescans_since_program >= s.program_every;
+        }
+        let program_due = renamed || (rescan_due && self.program_due);
+        if self.view.kernel_thread || !(program_due || rescan_due) {
             return Ok(());
         }
-        let (exe_changed, cmd_changed) = self.read_program(ctx);
+        let (exe_changed, cmd_changed) = if program_due {
+            self.rescans_since_program = 0;
+            self.program_due = false;
+            self.read_program(ctx)
+        } else {
+            (false, false)
+        };
         if cmd_changed {
             self.view.changes |= Changes::RENAMED;
         }
@@ -387,6 +411,7 @@ impl ProcEntry {
     /// exec or an exit.
     pub fn rescan_now(&mut self, now: Instant) {
         self.next_rescan = now;
+        self.program_due = true;
     }
 
     /// Whether the non-ML rescan is due.
@@ -483,6 +508,7 @@ impl ProcEntry {
         let t = self.threads.remove(i);
         gone.push(GoneThread { tid: t.view.tid, tgid: t.view.tgid, start_ticks: t.view.start_ticks });
         self.relist = true;
+        self.layout_changed = true;
     }
 
     fn relist_threads(&mut self, ctx: &mut PassCtx, ids: &mut Vec<i32>, gone: &mut Vec<GoneThread>) {
@@ -492,6 +518,7 @@ impl ProcEntry {
             return;
         }
         self.relist = false;
+        self.layout_changed = true;
         let old = std::mem::take(&mut self.threads);
         let mut old = old.into_iter().peekable();
         for &tid in ids.iter() {
@@ -505,6 +532,7 @@ impl ProcEntry {
             }
             if let Ok(mut t) = ThreadEntry::discover(pid, tid, ctx) {
                 t.view.ml = self.view.ml;
+                t.dirty = true;
                 self.threads.push(t);
             }
         }
@@ -517,8 +545,11 @@ impl ProcEntry {
     pub fn begin_pass(&mut self) {
         self.view.changes = Changes::NONE;
         for t in &mut self.threads {
-            t.view.changes = Changes::NONE;
-            t.view.delta = None;
+            if !t.view.changes.is_empty() || t.view.delta.is_some() {
+                t.view.changes = Changes::NONE;
+                t.view.delta = None;
+                t.dirty = true;
+            }
         }
     }
 

@@ -127,15 +127,29 @@ impl ReadBuf {
 
     /// Reads `file` from offset 0 to EOF.
     fn fill(&mut self, file: &File) -> io::Result<()> {
-        self.fill_with(|buf, off| file.read_at(buf, off))
+        self.fill_with(|buf, off| file.read_at(buf, off), false)
     }
 
-    /// Reads from offset 0 until a read returns nothing. A short read is not
-    /// the end: a seq_file (`/proc/<pid>/maps`, `mountinfo`...) returns at
+    /// Reads a file the kernel shows as one record (`proc_single_show`:
+    /// a task's stat, schedstat, status, io, syscall, comm, cgroup): the
+    /// whole text is made at the first read, so a read shorter than the
+    /// buffer is the end, and one pread is enough where [`fill`](Self::fill)
+    /// needs a second, empty one.
+    fn fill_record(&mut self, file: &File) -> io::Result<()> {
+        self.fill_with(|buf, off| file.read_at(buf, off), true)
+    }
+
+    /// Reads from offset 0 until a read returns nothing (or, with
+    /// `short_is_end`, less than it asked for). A short read is not the end
+    /// in general: a seq_file (`/proc/<pid>/maps`, `mountinfo`...) returns at
     /// most about a page per read(), whatever the buffer's size. The last,
     /// empty, read is at the offset where the previous one stopped, which
     /// the seq_file serves without regenerating the text.
-    fn fill_with(&mut self, mut read_at: impl FnMut(&mut [u8], u64) -> io::Result<usize>) -> io::Result<()> {
+    fn fill_with(
+        &mut self,
+        mut read_at: impl FnMut(&mut [u8], u64) -> io::Result<usize>,
+        short_is_end: bool,
+    ) -> io::Result<()> {
         self.len = 0;
         loop {
             if self.len == self.data.len() {
@@ -145,9 +159,15 @@ impl ReadBuf {
                 let n = self.data.len() * 2;
                 self.data.resize(n, 0);
             }
+            let room = self.data.len() - self.len;
             match read_at(&mut self.data[self.len..], self.len as u64) {
                 Ok(0) => return Ok(()),
-                Ok(n) => self.len += n,
+                Ok(n) => {
+                    self.len += n;
+                    if short_is_end && n < room {
+                        return Ok(());
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
@@ -176,8 +196,30 @@ impl ProcFile {
         budget: &FdBudget,
         buf: &mut ReadBuf,
     ) -> Result<(), ReadError> {
+        self.read_with(false, path, budget, buf)
+    }
+
+    /// [`read`](Self::read) for a file the kernel shows as one record (see
+    /// `ReadBuf::fill_record`): one pread instead of two.
+    pub fn read_record(
+        &mut self,
+        path: impl FnOnce() -> std::path::PathBuf,
+        budget: &FdBudget,
+        buf: &mut ReadBuf,
+    ) -> Result<(), ReadError> {
+        self.read_with(true, path, budget, buf)
+    }
+
+    fn read_with(
+        &mut self,
+        record: bool,
+        path: impl FnOnce() -> std::path::PathBuf,
+        budget: &FdBudget,
+        buf: &mut ReadBuf,
+    ) -> Result<(), ReadError> {
+        let fill = |buf: &mut ReadBuf, file: &File| if record { buf.fill_record(file) } else { buf.fill(file) };
         if let Some((file, _)) = &self.cached {
-            return match buf.fill(file) {
+            return match fill(buf, file) {
                 Ok(()) => Ok(()),
                 Err(e) => {
                     self.cached = None;
@@ -186,7 +228,7 @@ impl ProcFile {
             };
         }
         let file = File::open(path())?;
-        buf.fill(&file)?;
+        fill(buf, &file)?;
         if let Some(token) = budget.take() {
             self.cached = Some((file, token));
         }
@@ -360,25 +402,55 @@ mod tests {
         }
         maps.push_str("7fff00000000-7fff00001000 r-xp 00000000 08:01 9 /venv/lib/libtorch_cuda.so\n");
         let mut buf = ReadBuf::default();
-        buf.fill_with(chunked(maps.as_bytes(), 3500)).unwrap();
+        buf.fill_with(chunked(maps.as_bytes(), 3500), false).unwrap();
         assert_eq!(buf.bytes(), maps.as_bytes());
         // Chunks that straddle the buffer's doubling, and one byte at a time.
         for chunk in [1, 4095, 4096, 4097, 1 << 20] {
-            buf.fill_with(chunked(maps.as_bytes(), chunk)).unwrap();
+            buf.fill_with(chunked(maps.as_bytes(), chunk), false).unwrap();
             assert_eq!(buf.bytes().len(), maps.len(), "chunk {chunk}");
         }
         // EINTR is retried; other errors are returned.
         let mut first = true;
-        buf.fill_with(|b, off| {
-            if std::mem::take(&mut first) {
-                return Err(io::Error::from_raw_os_error(libc::EINTR));
-            }
-            chunked(b"abc", 2)(b, off)
-        })
+        buf.fill_with(
+            |b, off| {
+                if std::mem::take(&mut first) {
+                    return Err(io::Error::from_raw_os_error(libc::EINTR));
+                }
+                chunked(b"abc", 2)(b, off)
+            },
+            false,
+        )
         .unwrap();
         assert_eq!(buf.bytes(), b"abc");
-        let err = buf.fill_with(|_, _| Err(io::Error::from_raw_os_error(libc::EIO)));
+        let err = buf.fill_with(|_, _| Err(io::Error::from_raw_os_error(libc::EIO)), false);
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EIO));
+    }
+
+    #[test]
+    fn a_one_record_file_is_read_with_one_pread() {
+        // A reader that serves as much as asked, as the kernel does for a
+        // proc_single_show file; counts its calls.
+        let serve = |text: &'static [u8], calls: &'static std::sync::atomic::AtomicU32| {
+            move |b: &mut [u8], off: u64| {
+                calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let rest = &text[(off as usize).min(text.len())..];
+                let n = rest.len().min(b.len());
+                b[..n].copy_from_slice(&rest[..n]);
+                Ok(n)
+            }
+        };
+        static SMALL: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        static SMALL_EOF: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        static LARGE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let mut buf = ReadBuf::default();
+        buf.fill_with(serve(b"1234 (x) S 1", &SMALL), true).unwrap();
+        assert_eq!((buf.bytes(), SMALL.load(std::sync::atomic::Ordering::Relaxed)), (&b"1234 (x) S 1"[..], 1));
+        buf.fill_with(serve(b"1234 (x) S 1", &SMALL_EOF), false).unwrap();
+        assert_eq!(SMALL_EOF.load(std::sync::atomic::Ordering::Relaxed), 2, "a plain read ends on an empty read");
+        // Longer than the buffer: a full read is not the end.
+        let big: &'static [u8] = Box::leak(vec![b'x'; 6000].into_boxed_slice());
+        buf.fill_with(serve(big, &LARGE), true).unwrap();
+        assert_eq!((buf.bytes().len(), LARGE.load(std::sync::atomic::Ordering::Relaxed)), (6000, 2));
     }
 
     #[test]

@@ -102,6 +102,8 @@ pub struct ThreadEntry {
     next_sample: Option<Instant>,
     name_interval: Duration,
     next_name_check: Instant,
+    /// `view` changed since the snapshot last copied it.
+    pub(super) dirty: bool,
 }
 
 /// `d` scaled by 75..125 % depending on the tid, so that threads created
@@ -250,6 +252,7 @@ impl ThreadEntry {
             next_sample: None,
             name_interval: FIRST_NAME_CHECK.min(ctx.name_interval_max),
             next_name_check: ctx.now + jittered(FIRST_NAME_CHECK.min(ctx.name_interval_max), tid),
+            dirty: true,
         })
     }
 
@@ -270,6 +273,7 @@ impl ThreadEntry {
         if *self.view.comm != *comm {
             self.view.comm = Arc::from(comm);
             self.view.changes |= Changes::RENAMED;
+            self.dirty = true;
         }
     }
 
@@ -280,7 +284,7 @@ impl ThreadEntry {
     pub fn check_name(&mut self, ctx: &mut PassCtx) -> Result<(), ReadError> {
         self.name_checked(ctx);
         let (tgid, tid, root) = (self.view.tgid, self.view.tid, ctx.root);
-        self.files.comm.read(|| task_path(root, tgid, tid, "comm"), ctx.budget, ctx.buf)?;
+        self.files.comm.read_record(|| task_path(root, tgid, tid, "comm"), ctx.budget, ctx.buf)?;
         let text = ctx.buf.text();
         let comm = text.trim_end_matches('\n').to_string();
         self.set_comm(&comm);
@@ -310,12 +314,14 @@ impl ThreadEntry {
         self.next_sample = None;
         self.view.delta = None;
         self.view.wait = WaitKind::Unknown;
+        self.dirty = true;
     }
 
     /// Samples an ML thread (see the module doc). Sets `view.delta`.
     pub fn sample(&mut self, ctx: &mut PassCtx) -> Result<(), ReadError> {
+        self.dirty = true;
         let (tgid, tid, root, now) = (self.view.tgid, self.view.tid, ctx.root, ctx.now);
-        self.files.schedstat.read(|| task_path(root, tgid, tid, "schedstat"), ctx.budget, ctx.buf)?;
+        self.files.schedstat.read_record(|| task_path(root, tgid, tid, "schedstat"), ctx.budget, ctx.buf)?;
         let read_at = Instant::now();
         let ss = Schedstat::from_read(ctx.buf.bytes()).map_err(|_| ReadError::Other)?;
         let cur =
@@ -366,7 +372,7 @@ impl ThreadEntry {
     /// of their counters since the previous detailed read.
     fn read_detail(&mut self, ctx: &mut PassCtx) -> Result<Option<DetailDelta>, ReadError> {
         let (tgid, tid, root, budget) = (self.view.tgid, self.view.tid, ctx.root, ctx.budget);
-        self.files.stat.read(|| task_path(root, tgid, tid, "stat"), budget, ctx.buf)?;
+        self.files.stat.read_record(|| task_path(root, tgid, tid, "stat"), budget, ctx.buf)?;
         let st = parse_stat(ctx.buf)?;
         if st.start_ticks != self.view.start_ticks {
             return Err(ReadError::Gone);
@@ -376,19 +382,19 @@ impl ThreadEntry {
         self.view.state = st.state;
         self.view.last_cpu = st.cpu;
 
-        self.files.status.read(|| task_path(root, tgid, tid, "status"), budget, ctx.buf)?;
+        self.files.status.read_record(|| task_path(root, tgid, tid, "status"), budget, ctx.buf)?;
         let read_at = Instant::now();
         let (voluntary, involuntary) = status_switches(ctx.buf.bytes()).ok_or(ReadError::Other)?;
 
         // io needs ptrace access; a denied read leaves the I/O counters at 0.
-        let (rchar, wchar) = match self.files.io.read(|| task_path(root, tgid, tid, "io"), budget, ctx.buf) {
+        let (rchar, wchar) = match self.files.io.read_record(|| task_path(root, tgid, tid, "io"), budget, ctx.buf) {
             Ok(()) => Io::from_read(ctx.buf.bytes()).map(|io| (io.rchar, io.wchar)).unwrap_or((0, 0)),
             Err(ReadError::Gone) => return Err(ReadError::Gone),
             Err(_) => (0, 0),
         };
 
         self.view.wait = if st.state.is_blocked() {
-            match self.files.syscall.read(|| task_path(root, tgid, tid, "syscall"), budget, ctx.buf) {
+            match self.files.syscall.read_record(|| task_path(root, tgid, tid, "syscall"), budget, ctx.buf) {
                 Ok(()) => wait_from_syscall(&ctx.buf.text()),
                 Err(ReadError::Gone) => return Err(ReadError::Gone),
                 Err(_) => match ctx.buf.read_path(&task_path(root, tgid, tid, "wchan")) {

@@ -245,6 +245,9 @@ impl Changes {
     pub const ML: Changes = Changes(1 << 4);
     /// The parent changed (re-parented to a subreaper or init).
     pub const PARENT: Changes = Changes(1 << 5);
+    /// The thread's role changed (its process became or stopped being a
+    /// DataLoader process).
+    pub const ROLE: Changes = Changes(1 << 6);
 
     pub fn is_empty(self) -> bool {
         self.0 == 0
@@ -424,7 +427,7 @@ pub struct ThreadView {
     /// Counters since the previous sample; None when not sampled in this
     /// pass (non-ML threads, first sight, quiet threads between samples).
     pub delta: Option<ThreadDelta>,
-    /// NEW or RENAMED in this pass (or ML when its process's ML flag changed).
+    /// NEW or RENAMED in this pass, ML when its process's ML flag changed, ROLE when its role did.
     pub changes: Changes,
 }
 

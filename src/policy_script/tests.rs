@@ -2,8 +2,8 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::config::Config;
-use crate::pipeline::Pipeline;
 use crate::observe::fixture::{write_proc, FakeProc, TempDir};
+use crate::pipeline::Pipeline;
 use crate::topology::Topology;
 
 fn facts<'a>(tid: i32, comm: &'a str) -> ThreadFacts<'a> {
@@ -133,6 +133,26 @@ fn an_endless_loop_runs_out_of_the_budget_and_keeps_the_builtin_decision() {
 }
 
 #[test]
+fn a_backtracking_pattern_runs_out_of_the_budget_and_keeps_the_builtin_decision() {
+    // One C call of Lua's own string.find takes over a second on this
+    // (found nothing, no error); the metered one stops at the budget.
+    let mut s = load(
+        "function decide(t) if t.comm == 'bt' then return { class = string.rep('a', 300):find('.-.-.-b') and 'batch' or 'latency' } end return { class = 'batch' } end",
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    assert_eq!(s.decide(&facts(10, "bt"), builtin()), builtin());
+    assert!(t0.elapsed() < Duration::from_secs(1), "the budget took {:?}", t0.elapsed());
+    assert_eq!(s.verdict(10), Some(Verdict::Failed(Failure::Budget)));
+    assert_eq!(s.stats(), ScriptStats { calls: 1, errors: 1, budget_exceeded: 1 });
+    // Patterns of an ordinary policy cost little of it.
+    let (v, st) = call(
+        "function decide(t) for i = 1, 200 do if not ('python train.py --rank=3 --epochs=90'):match('%-%-rank=(%d+)') then error('no rank') end end return { class = 'ml' } end",
+    );
+    assert_eq!((v.as_str(), st.errors), ("set", 0));
+}
+
+#[test]
 fn the_memory_cap_stops_a_greedy_call() {
     let (v, st) = call("function decide(t) local s = 'x' for i = 1, 40 do s = s .. s end return { slice_us = #s } end");
     assert_eq!((v, st.errors, st.budget_exceeded), (Verdict::Failed(Failure::Error), 1, 0));
@@ -227,7 +247,7 @@ fn fake_proc(root: &Path) {
 }
 
 fn classes(p: &Pipeline) -> Vec<(u32, Class)> {
-    let mut v: Vec<(u32, Class)> = p.decisions().iter().map(|(tid, _, d)| (*tid, d.class)).collect();
+    let mut v: Vec<(u32, Class)> = p.decisions().map(|(tid, _, d)| (tid, d.class)).collect();
     v.sort();
     v
 }
