@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use std::path::Path;
 
-use scx_zernel::config::Class;
+use scx_zernel::class::Class;
 use scx_zernel::config::Config;
 use scx_zernel::decisions::{DecisionSink, Decisions};
 use scx_zernel::gpu::NoGpu;

@@ -19,7 +19,8 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 
-use crate::config::{Class, Config};
+use crate::class::Class;
+use crate::config::Config;
 use crate::sched::{Entry, Pinned, CLASS_STAT_NAMES, GLOBAL_STAT_NAMES};
 
 /// A class index as the kernel holds it: its name, `#N` if it is none.

@@ -11,6 +11,7 @@
 //!                        stats <── counters <── main.bpf.c: select_cpu / enqueue / dispatch
 //! ```
 
+pub mod class;
 pub mod config;
 pub mod daemon;
 pub mod decisions;

@@ -34,7 +34,8 @@ use anyhow::{bail, Result};
 use serde::Serialize;
 use tracing::warn;
 
-use crate::config::{Class, Config};
+use crate::class::Class;
+use crate::config::Config;
 use crate::phase::Phase;
 use crate::pipeline::Pipeline;
 use crate::policy::Decision;

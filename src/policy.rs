@@ -20,8 +20,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Class, SLICE_US_RANGE};
+use crate::class::{Class, SLICE_US_RANGE};
 use crate::phase::Phase;
+use crate::rules::RuleVerdict;
 
 /// How one phase is scheduled.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -103,14 +104,6 @@ impl PolicyConfig {
     }
 }
 
-/// What a rule says about a thread (see [`crate::rules`]).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct RuleVerdict {
-    pub class: Option<Class>,
-    pub slice_us: Option<u64>,
-    pub cpu: Option<i32>,
-}
-
 /// One thread's decision: exactly what is written to the task_class map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Decision {
@@ -178,7 +171,7 @@ pub struct Facts {
 mod class_or_none {
     use serde::{de::Error, Deserialize, Deserializer, Serializer};
 
-    use crate::config::Class;
+    use crate::class::Class;
 
     pub fn serialize<S: Serializer>(v: &Option<Class>, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(v.map_or("none", Class::name))

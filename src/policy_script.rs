@@ -67,7 +67,7 @@ use mlua::{Function, HookTriggers, Lua, LuaOptions, StdLib, Table, Value, VmStat
 use rustc_hash::{FxHashMap, FxHasher};
 use tracing::warn;
 
-use crate::config::{Class, SLICE_US_RANGE};
+use crate::class::{Class, SLICE_US_RANGE};
 use crate::observe::{MlEvidence, ThreadRole};
 use crate::phase::Phase;
 use crate::policy::Decision;

@@ -19,8 +19,15 @@
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Class, SLICE_US_RANGE};
-use crate::policy::RuleVerdict;
+use crate::class::{Class, SLICE_US_RANGE};
+
+/// What a rule says about a thread (its class, slice and CPU; the policy combines it with the phase).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RuleVerdict {
+    pub class: Option<Class>,
+    pub slice_us: Option<u64>,
+    pub cpu: Option<i32>,
+}
 
 /// One `[[rules]]` entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]

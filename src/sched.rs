@@ -34,7 +34,8 @@ use tracing::{info, warn};
 
 use crate::bpf_intf;
 use crate::bpf_skel::{BpfSkel, BpfSkelBuilder};
-use crate::config::{Class, SchedulerConfig};
+use crate::class::{Class, NR_CLASSES};
+use crate::config::SchedulerConfig;
 use crate::devices;
 use crate::observe::{ProcEvent, ProcEventKind};
 use crate::policy::Decision;
@@ -136,7 +137,7 @@ fn from_bytes<T: Copy>(b: &[u8]) -> Option<T> {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Counters {
     /// [class][enum zernel_class_stat]
-    pub class: [[u64; bpf_intf::zernel_class_stat_ZSTAT_CLASS_NR as usize]; 4],
+    pub class: [[u64; bpf_intf::zernel_class_stat_ZSTAT_CLASS_NR as usize]; NR_CLASSES],
     /// [enum zernel_global_stat]
     pub global: [u64; bpf_intf::zernel_global_stat_ZGSTAT_NR as usize],
     /// CPU time used by each tenant's tasks, ns.
@@ -209,7 +210,7 @@ fn read_counters(map: &dyn MapCore) -> Result<Counters> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tunables {
     /// Per class, in `Class::ALL` order.
-    pub slice_us: [u64; 4],
+    pub slice_us: [u64; NR_CLASSES],
     pub starvation_bound_ms: u64,
     pub wakeup_preempt_us: u64,
     pub decision_ttl_ms: u64,
@@ -235,7 +236,7 @@ fn decode_tunables(b: &[u8]) -> Result<Tunables> {
     let u64_at = |off: usize| from_bytes::<u64>(at(off)?).ok_or_else(bad);
     let u32_at = |off: usize| from_bytes::<u32>(at(off)?).ok_or_else(bad);
     let slices = offset_of!(rodata, class_slice_ns);
-    let mut slice_us = [0; 4];
+    let mut slice_us = [0; NR_CLASSES];
     for (i, s) in slice_us.iter_mut().enumerate() {
         *s = u64_at(slices + 8 * i)? / 1000;
     }

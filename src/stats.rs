@@ -25,7 +25,7 @@ use scx_stats::prelude::*;
 use scx_stats_derive::{stat_doc, Stats};
 use serde::{Deserialize, Serialize};
 
-use crate::config::Class;
+use crate::class::Class;
 use crate::sched::Counters;
 
 /// One tenant's CPU over the last stats interval.

@@ -26,6 +26,11 @@ enum zernel_consts {
 	ZERNEL_TASK_MAP_DEFAULT	= 65536,
 	/* USER_HZ: /proc/<pid>/stat start times are in these ticks. */
 	ZERNEL_USER_HZ		= 100,
+	/* Default slice of each class, in microseconds (the daemon sets them). */
+	ZERNEL_SLICE_US_LATENCY	= 2000,
+	ZERNEL_SLICE_US_ML	= 4000,
+	ZERNEL_SLICE_US_NORMAL	= 3000,
+	ZERNEL_SLICE_US_BATCH	= 8000,
 };
 
 /*

@@ -78,7 +78,8 @@ UEI_DEFINE(uei);
 
 /* Tunables, set by the daemon before load. */
 const volatile u64 class_slice_ns[ZCLASS_NR] = {
-	2000000, 4000000, 3000000, 8000000,
+	ZERNEL_SLICE_US_LATENCY * 1000ULL, ZERNEL_SLICE_US_ML * 1000ULL,
+	ZERNEL_SLICE_US_NORMAL * 1000ULL, ZERNEL_SLICE_US_BATCH * 1000ULL,
 };
 const volatile u64 starve_ns = 50000000;
 const volatile u64 wake_preempt_ns = 1000000;

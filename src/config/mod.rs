@@ -25,50 +25,10 @@ mod source;
 
 pub use source::{Mode, Source};
 
+use crate::bpf_intf;
+use crate::class::{Class, DEFAULT_SLICE_US, SLICE_US_RANGE};
 use crate::policy::PolicyConfig;
 use crate::rules::RuleConfig;
-
-/// A scheduling class, highest priority first. Mirrors `enum zernel_class`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
-#[serde(rename_all = "lowercase")]
-pub enum Class {
-    /// Latency-critical: GPU kernel launchers, collective progress threads.
-    Latency,
-    /// ML compute: data loaders, optimizer steps.
-    Ml,
-    /// Everything else; the default.
-    Normal,
-    /// Background work that yields to all of the above (within the starvation bound).
-    Batch,
-}
-
-impl Class {
-    pub const ALL: [Class; 4] = [Class::Latency, Class::Ml, Class::Normal, Class::Batch];
-
-    /// The index used by the BPF side (`enum zernel_class`).
-    pub fn index(self) -> u32 {
-        self as u32
-    }
-
-    pub fn from_index(i: u32) -> Option<Class> {
-        Class::ALL.get(i as usize).copied()
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Class::Latency => "latency",
-            Class::Ml => "ml",
-            Class::Normal => "normal",
-            Class::Batch => "batch",
-        }
-    }
-}
-
-impl fmt::Display for Class {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// Default time slice of each class, in microseconds (used when a decision
 /// carries no slice of its own).
@@ -83,7 +43,8 @@ pub struct SliceConfig {
 
 impl Default for SliceConfig {
     fn default() -> Self {
-        Self { latency: 2000, ml: 4000, normal: 3000, batch: 8000 }
+        let us = |c: Class| DEFAULT_SLICE_US[c.index() as usize];
+        Self { latency: us(Class::Latency), ml: us(Class::Ml), normal: us(Class::Normal), batch: us(Class::Batch) }
     }
 }
 
@@ -133,7 +94,7 @@ impl Default for SchedulerConfig {
             default_class: Class::Normal,
             starvation_bound_ms: 50,
             wakeup_preempt_us: 1000,
-            task_map_size: 65536,
+            task_map_size: bpf_intf::zernel_consts_ZERNEL_TASK_MAP_DEFAULT,
             decision_ttl_ms: 5000,
             slice_us: SliceConfig::default(),
             pin_dir: "/sys/fs/bpf/scx_zernel".into(),
@@ -144,9 +105,6 @@ impl Default for SchedulerConfig {
 /// Valid range of `scheduler.decision_ttl_ms`: longer than a few of the
 /// daemon's heartbeats (at least every 100 ms), at most an hour.
 pub const DECISION_TTL_MS_RANGE: std::ops::RangeInclusive<u64> = 500..=3_600_000;
-
-/// Valid range of a slice, in microseconds.
-pub const SLICE_US_RANGE: (u64, u64) = (50, 1_000_000);
 
 impl SchedulerConfig {
     fn validate(&self) -> Result<(), String> {

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 use tracing::warn;
 
-use super::{Config, ConfigError, SliceConfig, SLICE_US_RANGE};
+use super::{Config, ConfigError, SliceConfig};
+use crate::class::SLICE_US_RANGE;
 use crate::reload::{self, Stamp};
 
 /// Presets for scx_loader's modes, applied on top of the config file.

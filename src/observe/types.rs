@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::Arc;
 
 /// USER_HZ: the unit of `start_ticks` and of `delayacct_blkio_ticks`.
-pub const USER_HZ: u64 = 100;
+pub const USER_HZ: u64 = crate::bpf_intf::zernel_consts_ZERNEL_USER_HZ as u64;
 pub const NS_PER_TICK: u64 = 1_000_000_000 / USER_HZ;
 
 /// Converts USER_HZ ticks to nanoseconds.
