@@ -496,3 +496,69 @@ fn match_of(rules: &Rules, slot: u32) -> Option<crate::rules::Match> {
 fn identity<'a>(p: &'a ProcessView, comm: &'a str) -> Identity<'a> {
     Identity { comm, cmdline: &p.cmdline, cgroup: &p.cgroup, parent_comm: &p.parent_comm, uid: p.uid, gid: p.gid }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::class::Class;
+    use crate::observe::fixture::{write_proc, FakeProc, TempDir};
+    use crate::rules::RuleConfig;
+
+    fn rule(comm: &str, class: Class) -> RuleConfig {
+        RuleConfig { comm: Some(comm.into()), class: Some(class), ..Default::default() }
+    }
+
+    /// (tid, class or None for withdrawn) of the last pass's changes, sorted.
+    fn changes(p: &Pipeline) -> Vec<(u32, Option<Class>)> {
+        let mut v: Vec<_> = p.changed().iter().map(|(tid, _, d)| (*tid, d.map(|d| d.class))).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_pass_reports_only_the_decisions_that_changed() {
+        let dir = TempDir::new("pipeline-changed");
+        let root = dir.path().join("proc");
+        std::fs::create_dir(&root).unwrap();
+        let mut hog = FakeProc::new(100, 1, "hog");
+        hog.threads.push(crate::observe::fixture::FakeThread::new(101, "hog-w"));
+        write_proc(&root, &hog);
+        write_proc(&root, &FakeProc::new(200, 1, "web"));
+        let mut cfg = Config::default();
+        cfg.observe.proc_root = root.display().to_string();
+        cfg.rules = vec![rule("^hog", Class::Batch)];
+        let mut p = Pipeline::new(cfg.clone(), Topology::default()).unwrap();
+
+        p.pass();
+        assert_eq!(changes(&p), vec![(100, Some(Class::Batch)), (101, Some(Class::Batch))]);
+        // Nothing changed: nothing to write, through a whole cycle of
+        // passes, full ones included; the decisions stay in force.
+        for _ in 0..FULL_PASS_EVERY + 1 {
+            p.pass();
+            assert_eq!(changes(&p), vec![]);
+        }
+        assert_eq!(p.decisions().count(), 2);
+        // A new map (the scheduler attached again): everything again.
+        p.resync();
+        p.pass();
+        assert_eq!(changes(&p), vec![(100, Some(Class::Batch)), (101, Some(Class::Batch))]);
+        // A reload that changes the rules: the new decisions, and the one
+        // withdrawn from a thread no rule names any more.
+        cfg.rules = vec![rule("^hog$", Class::Latency), rule("^web", Class::Batch)];
+        p.reconfigure(cfg).unwrap();
+        p.pass();
+        assert_eq!(changes(&p), vec![(100, Some(Class::Latency)), (101, None), (200, Some(Class::Batch))]);
+        // A process that exits: its decision is withdrawn.
+        std::fs::remove_dir_all(root.join("200")).unwrap();
+        let mut gone = false;
+        for _ in 0..3 * FULL_PASS_EVERY {
+            p.pass();
+            if changes(&p) == vec![(200, None)] {
+                gone = true;
+                break;
+            }
+        }
+        assert!(gone, "the exited process's decision was not withdrawn");
+        assert_eq!(p.decisions().map(|(tid, _, _)| tid).collect::<Vec<_>>(), vec![100]);
+    }
+}
