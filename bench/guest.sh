@@ -46,6 +46,10 @@
 #   BENCH sched=NAME rep=N metric=NAME value=NUMBER
 #   BENCHMETA key=value...          facts about the run (tool versions, ...)
 #   BENCHNOTE sched=NAME text...    something a reader of the results must know
+#   BENCHWIN sched=NAME rep=N case=NAME start=EPOCH end=EPOCH
+#                                   a measurement window on the guest's clock
+#                                   (qemu's RTC: the host's time at boot), for
+#                                   the host's load over it (bench/run.sh)
 # plus guest-lib's "ok - ..." / "not ok - ..." checks and its final
 # "N passed, N failed" line; exit 1 if a check failed.
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
@@ -245,7 +249,7 @@ ml_cpu_frac() {
 }
 
 case_ml() {
-  local s="$1" r="$2" hp h0 h1 u0 u1 b0 b1 ml_cpu win dp
+  local s="$1" r="$2" hp h0 h1 u0 u1 b0 b1 ml_cpu win dp e0
   # Alone.
   train_run "$W/iso"
   result "$s" "$r" ml_iso_steps_per_sec "$(field steps_per_sec "$W/iso")"
@@ -262,7 +266,7 @@ case_ml() {
   hp=$!
   sleep 1
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf0" && b0=$(ticks_of "$SPID")
-  h0=$(ticks_by_comm stress-ng) u0=$(up_cs)
+  h0=$(ticks_by_comm stress-ng) u0=$(up_cs) e0=$(date +%s)
   # Half-way through, which classes the ML threads have in scx_zernel's map.
   # Every build of scx_zernel alike: the dump forks processes, whose BPF time
   # (init_task, process events) the window counts.
@@ -275,6 +279,7 @@ case_ml() {
   [ -n "$dp" ] && wait "$dp"   # only that job: the hogs are a background job too
   h1=$(ticks_by_comm stress-ng) u1=$(up_cs)
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf1" && b1=$(ticks_of "$SPID")
+  echo "BENCHWIN sched=$s rep=$r case=ml_con start=$e0 end=$(date +%s)"
   stop_bg "$hp"
   win=$(calc "($u1 - $u0) / 100")
   ml_cpu=$(cpu_secs "$W/con.time")

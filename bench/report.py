@@ -9,7 +9,12 @@ Each LOG is read for the lines bench/guest.sh (and bench/run.sh) print:
     BENCH sched=NAME rep=N metric=NAME value=NUMBER
     BENCHMETA key=value key="value with spaces" ...
     BENCHNOTE sched=NAME text...
+    BENCHWIN sched=NAME rep=N case=NAME start=EPOCH end=EPOCH
     ok - DESC / not ok - DESC (detail) / N passed, N failed
+
+and host-load.txt beside the results (--host-load), bench/run.sh's samples of
+the host's CPU use while the VM ran: the CPU other host processes took during
+each measurement window (BENCHWIN) becomes a metric of its own.
 
 Every metric is summarised per scheduler as its median and its spread
 (min-max) over the repetitions. Ratios to EEVDF are paired by repetition
@@ -37,8 +42,9 @@ EVENT_RATIO_BOUND = 1.05
 
 # ---- reading ----------------------------------------------------------------------------
 def parse(paths):
-    runs, meta, notes, checks = [], {}, [], {"passed": [], "failed": []}
+    runs, meta, notes, checks, windows = [], {}, [], {"passed": [], "failed": []}, []
     bench = re.compile(r"^BENCH sched=(\S+) rep=(\d+) metric=(\S+) value=(\S+)\s*$")
+    win = re.compile(r"^BENCHWIN sched=(\S+) rep=(\d+) case=(\S+) start=(\d+) end=(\d+)\s*$")
     for path in paths:
         for line in Path(path).read_text(errors="replace").splitlines():
             line = line.rstrip("\r")
@@ -56,13 +62,45 @@ def parse(paths):
                 for w in words:
                     k, _, v = w.partition("=")
                     meta[k] = v
+            elif m := win.match(line):
+                windows.append({"sched": m[1], "rep": int(m[2]), "case": m[3], "start": int(m[4]),
+                                "end": int(m[5])})
             elif line.startswith("BENCHNOTE "):
                 notes.append(line[len("BENCHNOTE "):])
             elif line.startswith("not ok - "):
                 checks["failed"].append(line[len("not ok - "):])
             elif line.startswith("ok - "):
                 checks["passed"].append(line[len("ok - "):])
-    return runs, meta, notes, checks
+    return runs, meta, notes, checks, windows
+
+
+def host_load(path):
+    """bench/run.sh's samples: (ticks per second, CPUs, [(epoch, busy, steal, qemu)])."""
+    hz, ncpu, samples = 100, None, []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        if line.startswith("#"):
+            if m := re.search(r"CLK_TCK (\d+), (\d+) CPUs", line):
+                hz, ncpu = int(m[1]), int(m[2])
+            continue
+        f = line.split()
+        if len(f) == 4 and all(x.isdigit() for x in f):
+            samples.append(tuple(int(x) for x in f))
+    return hz, ncpu, samples
+
+
+def load_over(hz, samples, start, end):
+    """Host CPUs used over [start, end] (the samples around it): {qemu, other, steal}, or None."""
+    # A window that ends (starts) within one sampling period past the last
+    # (before the first) sample: the samples cover most of it.
+    before = [x for x in samples if x[0] <= start] or [x for x in samples[:1] if x[0] - start <= 5]
+    after = [x for x in samples if x[0] >= end] or [x for x in samples[-1:] if end - x[0] <= 5]
+    if not before or not after:
+        return None
+    (t0, b0, s0, q0), (t1, b1, s1, q1) = before[-1], after[0]
+    if t1 <= t0 or q1 < q0:   # no time between, or qemu gone (its ticks with it)
+        return None
+    secs = (t1 - t0) * hz
+    return {"qemu": (q1 - q0) / secs, "other": max(0, (b1 - b0) - (q1 - q0)) / secs, "steal": (s1 - s0) / secs}
 
 
 class Data:
@@ -337,11 +375,26 @@ def plot(d, path, meta):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="directory for results.json, README.md, plot.png")
+    ap.add_argument("--host-load", help="bench/run.sh's host samples (default: OUT/host-load.txt if there)")
     ap.add_argument("logs", nargs="+")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs, meta, notes, checks = parse(args.logs)
+    runs, meta, notes, checks, windows = parse(args.logs)
+    # The host's CPU use: over each measurement window, and over the whole VM run.
+    hl_path = Path(args.host_load) if args.host_load else out / "host-load.txt"
+    host = None
+    if hl_path.is_file():
+        hz, host_cpus, samples = host_load(hl_path)
+        for w in windows:
+            if ld := load_over(hz, samples, w["start"], w["end"]):
+                for k, v in ld.items():
+                    runs.append({"sched": w["sched"], "rep": w["rep"], "metric": f"host_{k}_cpus.{w['case']}",
+                                 "value": v})
+        if len(samples) >= 2:
+            host = load_over(hz, samples, samples[0][0], samples[-1][0])
+            if host:
+                host["cpus"] = host_cpus
     if meta.get("base_commit"):
         SCHED_LABEL["zernel_base"] = f"scx_zernel @{meta['base_commit']}"
     if not runs:
@@ -373,7 +426,8 @@ def main():
             "ratio_of_medians": event_ratio(d),
             "paired_ratio": d.summary("zernel", "bpf_ns_per_event_over_base"),
             "per_rep": {s: d.get(s, "bpf_ns_per_event") for s in ("zernel", "zernel_base")}}
-    doc = {"meta": meta, "emulation_factor": factor, "targets": target_recs, "summary": summary,
+    doc = {"meta": meta, "emulation_factor": factor, "host_load": host, "targets": target_recs,
+           "summary": summary,
            "bpf_per_event": per_event,
            "notes": notes, "checks": {"passed": len(checks["passed"]), "failed": checks["failed"]},
            "runs": sorted(runs, key=lambda r: (r["metric"], ORDER.index(r["sched"])
@@ -466,6 +520,13 @@ def main():
             f"windows of the cost case run in a mostly idle guest, whose vCPUs get more of the host "
             f"than in the calibration: their native estimates lean optimistic. The peers, measured "
             f"in the same boot, are the firmer yardstick.\n")
+    if host:
+        md.append(
+            f"Host CPU use while the VM ran (bench/run.sh samples it every 5 s; `host-load.txt`): qemu "
+            f"{fmt(host['qemu'])} of the host's {host.get('cpus') or '?'} CPUs on average, other host processes "
+            f"{fmt(host['other'])}, steal {fmt(host['steal'])}. Whatever other processes take from qemu's "
+            "threads shows up inside the guest as slower time, BPF run times included; the tables give it "
+            "per measurement window where it matters.\n")
     md.append("Table cells: median (min–max) over the repetitions.\n")
 
     md.append("## Targets\n")
@@ -506,6 +567,8 @@ def main():
             ("hogs_share_of_idle", "hogs' CPU ÷ CPU left idle by the ML job"),
             ("hogs_bogo_ops_per_s", "hogs' bogo ops/s"),
             ("hogs_bogo_over_eevdf", "hogs' bogo ops/s ÷ EEVDF's"),
+            ("host_qemu_cpus.ml_con", "host CPUs qemu got, run with hogs"),
+            ("host_other_cpus.ml_con", "host CPUs other host processes took, run with hogs"),
         ], scheds) + "\n")
 
     tool = meta.get("messaging_tool", "none")
@@ -582,6 +645,23 @@ def main():
                   f"{EVENT_RATIO_BOUND:.2f}: {verdict(ok, miss, short)}); paired by rep (rep *k* of one over rep "
                   f"*k* of the other): {cell(paired)}"
                   + (" (" + ", ".join(f"{pvals[r]:.3f}" for r in sorted(pvals)) + ")" if pvals else "") + ".\n")
+        other = {s: d.get(s, "host_other_cpus.ml_con") for s in ("zernel", "zernel_base")}
+        ev = {s: d.get(s, "bpf_ns_per_event") for s in ("zernel", "zernel_base")}
+        rows = ["| rep | scx_zernel: ns per event | " + base + ": ns per event | ratio | "
+                "other host processes' CPUs: scx_zernel's run | " + base + "'s run |", "|---|---|---|---|---|---|"]
+        for r in sorted(set(ev["zernel"]) | set(ev["zernel_base"])):
+            a, b = ev["zernel"].get(r), ev["zernel_base"].get(r)
+            rows.append(f"| {r} | {fmt(a)} | {fmt(b)} | {pvals[r]:.3f} | " if r in pvals else
+                        f"| {r} | {fmt(a)} | {fmt(b)} | – | ")
+            rows[-1] += f"{fmt(other['zernel'].get(r))} | {fmt(other['zernel_base'].get(r))} |"
+        md.append("By repetition (the run with hogs; the other host processes' CPUs over the same window, "
+                  "from the host's samples):\n")
+        md.append("\n".join(rows) + "\n")
+        if paired and paired["n"] > 1 and paired["max"] - paired["min"] > 2 * (EVENT_RATIO_BOUND - 1):
+            md.append(f"**Resolution:** the paired ratios spread over {paired['min']:.3f}–{paired['max']:.3f}, "
+                      f"wider than the ±{(EVENT_RATIO_BOUND - 1) * 100:.0f} % the bound allows: this run "
+                      f"cannot tell a {(EVENT_RATIO_BOUND - 1) * 100:.0f} % change from its noise, whichever "
+                      "side of the bound the ratio of medians lands.\n")
         md.append("Per program, median ns per scheduling event (its Δrun_time_ns / Δrun_cnt of the enqueue "
                   "program; medians of different programs come from different reps, so they need not add up "
                   "to the total's median):\n")

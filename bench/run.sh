@@ -49,9 +49,11 @@
 #      README.md (tables: median and min-max per metric and scheduler,
 #      targets) and plot.png (matplotlib, installed once into
 #      $BENCH_CACHE/venv).
-# The guest's output is kept in OUT/guest.log and the host's facts (peer
-# status, calibration, wall times) in OUT/host-meta.txt, so the report can be
-# rendered again without a run:
+# The guest's output is kept in OUT/guest.log, the host's facts (peer status,
+# calibration, wall times) in OUT/host-meta.txt and the host's CPU use while
+# the VM runs (every 5 s: time, busy and steal ticks of the whole host, ticks of
+# the qemu process) in OUT/host-load.txt, so the report can be rendered again
+# without a run:
 #     python3 bench/report.py --out OUT OUT/host-meta.txt OUT/guest.log
 # The kernel console goes to target/bench/console.log. Exit status: 0 if the
 # guest's checks all passed and results were rendered, 1 otherwise.
@@ -239,11 +241,31 @@ echo "BENCHMETA host_cpus=$(nproc) host_kernel=$(uname -r) commit=$(git rev-pars
 GARGS=(--reps "$REPS" --scheds "$SCHEDS" --cases "$CASES")
 (( SHORT )) && GARGS+=(--short)
 log "booting the VM: schedulers '$SCHEDS', cases $CASES, $REPS rep(s)$( (( SHORT )) && echo ', short')"
+# What else the host ran meanwhile: TCG's vCPUs share the host's cores with
+# every other process, and what those take shows up as time inside the guest
+# (BPF run times included). One line every 5 s: epoch, busy ticks of all CPUs
+# (user nice system irq softirq), steal ticks, ticks of qemu-system processes.
+# The guest stamps its measurement windows with its clock (qemu's RTC starts at
+# the host's time), and report.py puts the two together.
+sample_host() {
+  while :; do
+    printf '%s %s %s\n' "$(date +%s)" \
+      "$(awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8, $9 }' /proc/stat)" \
+      "$(cat /proc/[0-9]*/stat 2>/dev/null | awk '
+          $2 ~ /^\(qemu-system/ { s = $0; sub(/^.*\) /, "", s); split(s, f, " "); t += f[12] + f[13] }
+          END { print t + 0 }')"
+    sleep 5
+  done
+}
+echo "# epoch busy_ticks steal_ticks qemu_ticks (CLK_TCK $(getconf CLK_TCK), $(nproc) CPUs)" >"$OUT/host-load.txt"
+sample_host >>"$OUT/host-load.txt" 2>/dev/null &
+SAMPLER=$!
 t0=$SECONDS
 tests/vm/vmrun.sh --smp 4 --mem 4G --timeout "$TIMEOUT" --console "$LOGDIR/console.log" \
   --add "${ADDS[@]}" -- sh bench/guest.sh "${GARGS[@]}" 2>&1 | tee "$OUT/guest.log"
 VM_RC=${PIPESTATUS[0]}
 T_VM=$((SECONDS - t0))
+kill "$SAMPLER" 2>/dev/null; wait "$SAMPLER" 2>/dev/null
 log "VM finished: exit $VM_RC after $T_VM s"
 
 # ---- 5. the report ---------------------------------------------------------------------------
