@@ -293,9 +293,11 @@ def plot(d, path, meta):
               "lavd": "#2ca02c"}
     hatches = ["", "///", "..."]
     n_thr = meta.get("threads", "?")
+    vcpus = meta.get("vcpus", "?")
+    hogs = 2 * int(vcpus) if vcpus.isdigit() else "?"
     # (title, [(metric, series label)], target (kind, bound) or None, log scale)
     panels = [
-        ("Training steps/s with 8 CPU hogs\n÷ alone, same scheduler (higher is better)",
+        (f"Training steps/s with {hogs} CPU hogs\n÷ alone, same scheduler (higher is better)",
          [("ml_con_over_iso", None)], ("ge", 0.95), False),
         ("Training steps/s ÷ EEVDF alone\n(higher is better)",
          [("ml_iso_over_eevdf_iso", "alone"), ("ml_con_over_eevdf_iso", "with hogs")], None, False),
@@ -303,7 +305,7 @@ def plot(d, path, meta):
          [("ml_cpu_con_over_iso", None)], None, False),
         ("Hogs' CPU ÷ CPU left idle by the ML job\n(higher is better)",
          [("hogs_share_of_idle", None)], ("ge", 0.90), False),
-        ("cyclictest under 4 hogs ÷ EEVDF\n(lower is better)",
+        (f"cyclictest under {vcpus} hogs ÷ EEVDF\n(lower is better)",
          [("cyclictest_p99_over_eevdf", "p99"), ("cyclictest_max_over_eevdf", "max"),
           ("cyclictest_avg_over_eevdf", "average")], ("le", 1.2), False),
         (f"{meta.get('messaging_tool', 'messaging')} messaging time ÷ EEVDF\n(lower is better)",
@@ -478,6 +480,8 @@ def main():
                      "|---|---|---|---|---|"]
 
     wall = meta.get("wall_total_s")
+    vcpus = meta.get("vcpus", "?")
+    hogs = 2 * int(vcpus) if vcpus.isdigit() else "?"
     metrics = {m for (_, m) in d.v}
 
     def have(*prefixes):
@@ -537,7 +541,7 @@ def main():
         md.append(
             f"`zernel-workload train --workers 2` ({meta.get('train_s', '?')} s; steps of 0.5 s fake-GPU compute, "
             "0.5 s all-reduce, 0.5 s CPU optimizer; two DataLoader worker processes decoding 0.5 s per batch) "
-            "alone, then with `stress-ng --cpu 8` on the 4 vCPUs (2x oversubscription), started 1 s before "
+            f"alone, then with `stress-ng --cpu {hogs}` on the {vcpus} vCPUs (2x oversubscription), started 1 s before "
             "the trainer and stopped when it ends. scx_zernel gets the trainer's fake GPU through its file "
             "GPU provider and otherwise its default configuration (no rule for the hogs). "
             "\"CPU left idle by the ML job\" = vCPUs × the trainer's run time − the ML job's CPU time "
@@ -552,7 +556,7 @@ def main():
             "slowest wait, usually the first batch (0.5 s of decoding before anything is queued).\n")
         md.append(table(d, [
             ("ml_iso_steps_per_sec", "training steps/s, alone"),
-            ("ml_con_steps_per_sec", "training steps/s, with 8 hogs"),
+            ("ml_con_steps_per_sec", f"training steps/s, with {hogs} hogs"),
             ("ml_con_over_iso", "with hogs ÷ alone (same scheduler)"),
             ("ml_iso_over_eevdf_iso", "alone ÷ EEVDF alone"),
             ("ml_con_over_eevdf_iso", "with hogs ÷ EEVDF alone"),
@@ -581,8 +585,8 @@ def main():
                          "guest; hackbench is the same benchmark: groups of senders and receivers on sockets)",
         }.get(tool, "no messaging benchmark (neither perf nor hackbench runs in the guest)")
         md.append(
-            f"`cyclictest -q -m -t 4 -i 1000 -D {meta.get('cyclictest_s', '?')}s -v` under `stress-ng --cpu 4` "
-            "(threads at 1000, 1500, 2000 and 2500 µs intervals: cyclictest's default 500 µs distance). "
+            f"`cyclictest -q -m -t {vcpus} -i 1000 -D {meta.get('cyclictest_s', '?')}s -v` under `stress-ng --cpu "
+            f"{vcpus}` (threads at 1000 µs and every 500 µs more: cyclictest's default distance). "
             "Its threads are SCHED_OTHER: a SCHED_FIFO thread would run in the RT class, above any "
             "sched_ext scheduler, and measure none of them. p99, max and average over every sample of all "
             "threads (-v prints each one; its histogram would cap at a fixed range that TCG latencies "

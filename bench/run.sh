@@ -3,7 +3,7 @@
 # schedulers, all in ONE VM boot, and render the results.
 #
 #   bench/run.sh [--short] [--reps N] [--no-peers] [--cases LIST] [--baseline REV]
-#                [--out DIR] [--timeout S]
+#                [--out DIR] [--smp N] [--timeout S]
 #
 #   --short        1 rep, short durations: checks that the harness works end
 #                  to end (numbers not meaningful); results go to
@@ -23,6 +23,10 @@
 #   --out DIR      results here instead (created if missing). With --short or
 #                  --cases, DIR must hold no tracked file: a partial run never
 #                  overwrites the published results in bench/results/
+#   --smp N        the VM's vCPUs (default 4). Under TCG every vCPU is a host
+#                  thread: with more vCPUs than free host cores, a vCPU that
+#                  holds a lock can be descheduled while others spin on it,
+#                  and BPF run times count that wait
 #   --timeout S    VM wall-clock limit (default 1200 s with --short, else
 #                  600 + 1200 s per rep)
 #
@@ -42,7 +46,7 @@
 #      too). A peer that fails to build is reported as "not built: <reason>"
 #      in the results; the benchmark goes on without it.
 #   3. One stress-ng calibration on the host (see bench/report.py).
-#   4. One VM (tests/vm/vmrun.sh --smp 4 --mem 4G) running bench/guest.sh:
+#   4. One VM (tests/vm/vmrun.sh --smp 4 --mem 4G; --smp N) running bench/guest.sh:
 #      every case under EEVDF, scx_zernel, scx_zernel @REV (--baseline),
 #      scx_bpfland and scx_lavd in turn.
 #   5. bench/report.py turns the guest's result lines into results.json,
@@ -70,7 +74,7 @@ PEER_VERSION=1.1.4
 CACHE=${BENCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel-bench}
 PEER_TIMEOUT=${BENCH_PEER_BUILD_TIMEOUT:-1800}
 
-SHORT=0 REPS="" USE_PEERS=1 TIMEOUT="" CASES="" BASELINE="" OUT=""
+SHORT=0 REPS="" USE_PEERS=1 TIMEOUT="" CASES="" BASELINE="" OUT="" SMP=4
 ALL_CASES=ml,latency,cost
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die() { echo "bench: $*" >&2; exit 2; }
@@ -82,6 +86,7 @@ while [ $# -gt 0 ]; do
     --cases) CASES=${2:-}; shift ;;
     --baseline) BASELINE=${2:-}; [ -n "$BASELINE" ] || die "--baseline takes a git revision"; shift ;;
     --out) OUT=${2:-}; [ -n "$OUT" ] || die "--out takes a directory"; shift ;;
+    --smp) SMP=${2:-}; shift ;;
     --timeout) TIMEOUT=${2:-}; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -92,6 +97,7 @@ done
 [[ $REPS =~ ^[1-9][0-9]*$ ]] || die "--reps takes a positive integer"
 [ -n "$TIMEOUT" ] || TIMEOUT=$(( SHORT ? 1200 : 600 + 1200 * REPS ))
 [[ $TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "--timeout takes a positive integer"
+[[ $SMP =~ ^[1-9][0-9]*$ ]] || die "--smp takes a positive integer"
 PARTIAL=0
 if [ -n "$CASES" ]; then
   [[ $CASES =~ ^(ml|latency|cost)(,(ml|latency|cost))*$ ]] || die "--cases takes a comma-separated list of ml, latency, cost"
@@ -261,7 +267,7 @@ echo "# epoch busy_ticks steal_ticks qemu_ticks (CLK_TCK $(getconf CLK_TCK), $(n
 sample_host >>"$OUT/host-load.txt" 2>/dev/null &
 SAMPLER=$!
 t0=$SECONDS
-tests/vm/vmrun.sh --smp 4 --mem 4G --timeout "$TIMEOUT" --console "$LOGDIR/console.log" \
+tests/vm/vmrun.sh --smp "$SMP" --mem 4G --timeout "$TIMEOUT" --console "$LOGDIR/console.log" \
   --add "${ADDS[@]}" -- sh bench/guest.sh "${GARGS[@]}" 2>&1 | tee "$OUT/guest.log"
 VM_RC=${PIPESTATUS[0]}
 T_VM=$((SECONDS - t0))
