@@ -250,16 +250,20 @@ log "booting the VM: schedulers '$SCHEDS', cases $CASES, $REPS rep(s)$( (( SHORT
 # What else the host ran meanwhile: TCG's vCPUs share the host's cores with
 # every other process, and what those take shows up as time inside the guest
 # (BPF run times included). One line every 5 s: epoch, busy ticks of all CPUs
-# (user nice system irq softirq), steal ticks, ticks of qemu-system processes.
+# (user nice system irq softirq), steal ticks, ticks of this run's qemu (a
+# qemu-system process descending from this script: another VM on the host is
+# other load).
 # The guest stamps its measurement windows with its clock (qemu's RTC starts at
 # the host's time), and report.py puts the two together.
 sample_host() {
   while :; do
     printf '%s %s %s\n' "$(date +%s)" \
       "$(awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8, $9 }' /proc/stat)" \
-      "$(cat /proc/[0-9]*/stat 2>/dev/null | awk '
-          $2 ~ /^\(qemu-system/ { s = $0; sub(/^.*\) /, "", s); split(s, f, " "); t += f[12] + f[13] }
-          END { print t + 0 }')"
+      "$(cat /proc/[0-9]*/stat 2>/dev/null | awk -v root=$$ '
+          { s = $0; sub(/^.*\) /, "", s); split(s, f, " "); ppid[$1] = f[2]; t[$1] = f[12] + f[13]
+            if ($2 ~ /^\(qemu-system/) q[$1] = 1 }
+          END { for (p in q) { x = p; while (x > 1 && x != root) x = ppid[x]; if (x == root) T += t[p] }
+                print T + 0 }')"
     sleep 5
   done
 }
