@@ -4,12 +4,20 @@
 # guest.sh - the guest half of the benchmark (bench/run.sh boots the VM).
 #
 #   sh bench/guest.sh [--short] [--reps N] [--scheds "eevdf zernel bpfland lavd"]
+#                     [--cases ml,latency,cost]
 #
-# Runs every case under each scheduler in turn, in one boot. Repetitions are
-# interleaved (rep 1: eevdf zernel bpfland lavd, rep 2: the same, ...) so that
-# a slow phase of the host (TCG shares its cores) does not land on one
-# scheduler only. Each scheduler is attached before its cases and detached
-# after them; the kernel's sched_ext state is checked both times.
+# Runs every case (or those --cases names) under each scheduler in turn, in
+# one boot. Repetitions are interleaved, odd ones in --scheds order and even
+# ones in reverse (rep 1: eevdf zernel bpfland lavd, rep 2: lavd bpfland
+# zernel eevdf, ...), so that neither a slow phase of the host (TCG shares its
+# cores) nor the place in the sequence lands on one scheduler only. Each
+# scheduler is attached before its cases and detached after them; the
+# kernel's sched_ext state is checked both times.
+#
+# Schedulers: eevdf (no sched_ext scheduler), zernel (scx_zernel), zernel_base
+# (scx_zernel_base: scx_zernel built at an earlier commit, bench/run.sh
+# --baseline; same --config, its ops name starts with "zernel" too), any other
+# NAME (scx_NAME, no arguments).
 #
 # Cases (durations: full / --short):
 #   ml       zernel-workload train alone (30 s / 6 s), then again with
@@ -18,9 +26,12 @@
 #            trainer's last line; its CPU time from `time -p`; the hogs' CPU
 #            time over the trainer's run from /proc, their bogo ops/s from
 #            stress-ng's --metrics-brief. Under a sched_ext scheduler, the
-#            struct_ops programs' run_time_ns/run_cnt (kernel.bpf_stats_enabled)
-#            are read from the scheduler process's fdinfo before and after the
-#            contended run.
+#            run_time_ns/run_cnt (kernel.bpf_stats_enabled) of every BPF
+#            program the scheduler process holds an fd of (struct_ops, and
+#            tp_btf/fentry/lsm ones) are read from its fdinfo before and after
+#            the contended run: ns per call of each, ns per struct_ops call,
+#            and BPF ns per scheduling event = the time of all its programs /
+#            the calls of its enqueue program (name contains "enqueue").
 #   latency  cyclictest (SCHED_OTHER threads: an RT thread would bypass
 #            sched_ext) under `stress-ng --cpu 4`: p99, max and average of
 #            every sample (-v);
@@ -35,21 +46,31 @@
 #   BENCH sched=NAME rep=N metric=NAME value=NUMBER
 #   BENCHMETA key=value...          facts about the run (tool versions, ...)
 #   BENCHNOTE sched=NAME text...    something a reader of the results must know
+#   BENCHWIN sched=NAME rep=N case=NAME start=EPOCH end=EPOCH
+#                                   a measurement window on the guest's clock
+#                                   (qemu's RTC: the host's time at boot), for
+#                                   the host's load over it (bench/run.sh)
 # plus guest-lib's "ok - ..." / "not ok - ..." checks and its final
 # "N passed, N failed" line; exit 1 if a check failed.
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../tests/vm/guest-lib.sh"
 
-REPS=3 SHORT=0 SCHEDS="eevdf zernel bpfland lavd"
+REPS=3 SHORT=0 SCHEDS="eevdf zernel bpfland lavd" CASES=ml,latency,cost
 while [ $# -gt 0 ]; do
   case $1 in
     --short) SHORT=1 ;;
     --reps) REPS=$2; shift ;;
     --scheds) SCHEDS=$2; shift ;;
+    --cases) CASES=$2; shift ;;
     *) echo "guest.sh: unknown argument '$1'"; exit 2 ;;
   esac
   shift
 done
+for c in $(echo "$CASES" | tr , ' '); do
+  case $c in ml|latency|cost) ;; *) echo "guest.sh: unknown case '$c' (ml, latency, cost)"; exit 2 ;; esac
+done
+# has_case NAME : NAME is one of the cases to run.
+has_case() { case ",$CASES," in *",$1,"*) return 0 ;; esac; return 1; }
 
 if [ $SHORT = 1 ]; then
   TRAIN_S=6 CT_S=3 MSG_ARGS="-g 2 -l 20" THREADS=300 SETTLE_S=2 WINDOW_S=2
@@ -90,20 +111,21 @@ SPID=""     # the running sched_ext scheduler's process
 
 # sched_start NAME : attach scheduler NAME (eevdf: check nothing is attached).
 # Waits <= 90 s for state `enabled` with an ops name starting with the
-# scheduler's (lavd's BPF program takes a while to verify under TCG).
+# scheduler's (zernel_base's: "zernel"; lavd's BPF program takes a while to
+# verify under TCG).
 sched_start() {
   local n=450 t0
   assert_eq "[$1] sched_ext is disabled before" "$(sched_state)" disabled
   [ "$1" = eevdf ] && return 0
   t0=$(up_cs)
   case $1 in
-    zernel) scx_zernel --config "$W/zernel.toml" >"$W/sched.log" 2>&1 & ;;
+    zernel|zernel_base) "scx_$1" --config "$W/zernel.toml" >"$W/sched.log" 2>&1 & ;;
     *) "scx_$1" >"$W/sched.log" 2>&1 & ;;
   esac
   SPID=$!
   while [ $n -gt 0 ]; do
     if [ "$(sched_state)" = enabled ]; then
-      case $(ops_name) in "$1"*)
+      case $(ops_name) in "${1%_base}"*)
         _ok "[$1] attached: state enabled, ops $(ops_name) ($(calc "($(up_cs) - $t0) / 100") s)"
         return 0 ;;
       esac
@@ -146,13 +168,17 @@ bpf_symbols() {
     awk '$3 ~ /^bpf_prog_/ { s = substr($3, 10); print substr(s, 1, 16), substr(s, 18) }' >"$W/bpfsyms"
 }
 
-# bpf_snapshot PID : one line per struct_ops program (prog_type 27) the process
-# holds an fd of: "prog_id name run_time_ns run_cnt".
+# bpf_snapshot PID : one line per BPF program the process holds an fd of, of
+# any type: "prog_id type name run_time_ns run_cnt" (type struct_ops, tracing
+# for tp_btf/fentry, lsm, else typeN). A program's own fd has a prog_type
+# line; a link's fd names its program (prog_id) without one and is skipped.
 bpf_snapshot() {
   cat "/proc/$1/fdinfo/"* 2>/dev/null | awk -v syms="$W/bpfsyms" '
-    BEGIN { while ((getline l < syms) > 0) { split(l, a, " "); name[a[1]] = a[2] } }
+    BEGIN { while ((getline l < syms) > 0) { split(l, a, " "); name[a[1]] = a[2] }
+            tn[26] = "tracing"; tn[27] = "struct_ops"; tn[29] = "lsm" }
     function flush() {
-      if (id != "" && type == 27 && !seen[id]++) print id, (tag in name ? name[tag] : "tag_" tag), rt, rc
+      if (id != "" && type != "" && !seen[id]++)
+        print id, (type in tn ? tn[type] : "type" type), (tag in name ? name[tag] : "tag_" tag), rt, rc
       id = ""; type = ""; tag = ""; rt = 0; rc = 0
     }
     /^pos:/ { flush() }
@@ -164,22 +190,41 @@ bpf_snapshot() {
     END { flush() }'
 }
 
-# bpf_report SCHED REP BEFORE AFTER : ns per call of each program between two
-# snapshots, and over all of them (total run time / total calls).
+# bpf_report SCHED REP BEFORE AFTER SECS : between two snapshots SECS apart,
+# per program: ns per call, calls/s, its time per scheduling event and its
+# type; over the struct_ops programs: ns per call (total time / total calls);
+# over all programs: BPF ns per scheduling event (total time / calls of the
+# enqueue program), and the same for the struct_ops programs alone.
 bpf_report() {
   awk -v s="$1" -v r="$2" -v before="$3" -v secs="$5" '
-    FILENAME == before { t0[$1] = $3; c0[$1] = $4; next }
-    { dt = $3 - t0[$1]; dc = $4 - c0[$1]; T += dt; C += dc
-      if (dc > 0) printf "BENCH sched=%s rep=%s metric=bpf_ns.%s value=%.1f\n", s, r, $2, dt / dc
-      if (dc > 0) printf "BENCH sched=%s rep=%s metric=bpf_calls_per_s.%s value=%.0f\n", s, r, $2, dc / secs }
-    END { if (C > 0) printf "BENCH sched=%s rep=%s metric=bpf_ns_avg value=%.1f\n", s, r, T / C }
+    function out(m, fmt, v) { printf "BENCH sched=%s rep=%s metric=%s value=" fmt "\n", s, r, m, v }
+    FILENAME == before { t0[$1] = $4; c0[$1] = $5; next }
+    { dt = $4 - t0[$1]; dc = $5 - c0[$1]; T += dt
+      if ($2 == "struct_ops") { TS += dt; CS += dc }
+      if ($3 ~ /enqueue/) E += dc
+      if (dc > 0) { n++; name[n] = $3; type[n] = $2; pt[n] = dt; pc[n] = dc } }
+    END {
+      for (i = 1; i <= n; i++) {
+        out("bpf_ns." name[i], "%.1f", pt[i] / pc[i])
+        out("bpf_calls_per_s." name[i], "%.1f", pc[i] / secs)
+        if (E > 0) out("bpf_event_ns." name[i], "%.2f", pt[i] / E)
+        print "BENCHMETA bpf_type." name[i] "=" type[i]
+      }
+      if (CS > 0) out("bpf_ns_avg", "%.1f", TS / CS)
+      if (E > 0) {
+        out("bpf_ns_per_event", "%.1f", T / E)
+        out("bpf_ns_per_event_struct_ops", "%.1f", TS / E)
+        out("bpf_events_per_s", "%.1f", E / secs)
+      }
+    }
   ' "$3" "$4"
 }
 
-# zernel_classes : what scx_zernel's kernel map holds right now, as counts of
-# "comm class" over its entries (a diagnostic for the guest log).
+# zernel_classes BIN : what the kernel map of scx_zernel (or BIN, another build
+# of it) holds right now, as counts of "comm class" over its entries (a
+# diagnostic for the guest log).
 zernel_classes() {
-  scx_zernel inspect --entries 2>/dev/null | while read -r tid class _; do
+  "$1" inspect --entries 2>/dev/null | while read -r tid class _; do
     tid=${tid#tid=} class=${class#class=}
     comm=$(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null) && echo "$comm $class"
   done | sort | uniq -c | sort -rn | head -n 12 | tr -s ' \n' ' '
@@ -204,7 +249,7 @@ ml_cpu_frac() {
 }
 
 case_ml() {
-  local s="$1" r="$2" hp h0 h1 u0 u1 b0 b1 ml_cpu win dp
+  local s="$1" r="$2" hp h0 h1 u0 u1 b0 b1 ml_cpu win dp e0
   # Alone.
   train_run "$W/iso"
   result "$s" "$r" ml_iso_steps_per_sec "$(field steps_per_sec "$W/iso")"
@@ -221,17 +266,20 @@ case_ml() {
   hp=$!
   sleep 1
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf0" && b0=$(ticks_of "$SPID")
-  h0=$(ticks_by_comm stress-ng) u0=$(up_cs)
+  h0=$(ticks_by_comm stress-ng) u0=$(up_cs) e0=$(date +%s)
   # Half-way through, which classes the ML threads have in scx_zernel's map.
+  # Every build of scx_zernel alike: the dump forks processes, whose BPF time
+  # (init_task, process events) the window counts.
   dp=""
-  if [ "$s" = zernel ]; then
-    ( sleep $((TRAIN_S / 2)); echo "# [zernel] map mid-run with hogs: $(zernel_classes)" ) &
+  case $s in zernel|zernel_base)
+    ( sleep $((TRAIN_S / 2)); echo "# [$s] map mid-run with hogs: $(zernel_classes "scx_$s")" ) &
     dp=$!
-  fi
+  esac
   train_run "$W/con"
   [ -n "$dp" ] && wait "$dp"   # only that job: the hogs are a background job too
   h1=$(ticks_by_comm stress-ng) u1=$(up_cs)
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf1" && b1=$(ticks_of "$SPID")
+  echo "BENCHWIN sched=$s rep=$r case=ml_con start=$e0 end=$(date +%s)"
   stop_bg "$hp"
   win=$(calc "($u1 - $u0) / 100")
   ml_cpu=$(cpu_secs "$W/con.time")
@@ -325,12 +373,12 @@ file = "$W/gpu.json"
 TOML
 sysctl -qw kernel.bpf_stats_enabled=1 2>/dev/null || echo 1 >/proc/sys/kernel/bpf_stats_enabled
 assert_eq "kernel.bpf_stats_enabled is 1" "$(cat /proc/sys/kernel/bpf_stats_enabled)" 1
-msg_pick
-echo "BENCHMETA kernel=$(uname -r) vcpus=$NCPU mem_kib=$(awk '/MemTotal/ { print $2 }' /proc/meminfo) reps=$REPS short=$SHORT train_s=$TRAIN_S cyclictest_s=$CT_S threads=$THREADS window_s=$WINDOW_S"
+has_case latency && msg_pick
+echo "BENCHMETA kernel=$(uname -r) vcpus=$NCPU mem_kib=$(awk '/MemTotal/ { print $2 }' /proc/meminfo) reps=$REPS short=$SHORT cases=$CASES train_s=$TRAIN_S cyclictest_s=$CT_S threads=$THREADS window_s=$WINDOW_S"
 echo "BENCHMETA stress_ng=\"$(stress-ng --version 2>&1 | head -n1)\" cyclictest=\"$(cyclictest --help 2>&1 | head -n1)\""
 for s in $SCHEDS; do
   case $s in
-    zernel) v=$(scx_zernel --version 2>&1 | head -n1) ;;
+    zernel|zernel_base) v=$("scx_$s" --version 2>&1 | head -n1) ;;
     eevdf) v="kernel $(uname -r)" ;;
     *) v=$("scx_$s" --version 2>&1 | head -n1) ;;
   esac
@@ -342,18 +390,26 @@ done
 stress-ng --cpu "$NCPU" --cpu-method int64 --timeout "$((SHORT ? 2 : 5))s" --metrics-brief 2>&1 |
   awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print "BENCHMETA calib_guest_ops_per_cpu_s=" $10 }'
 # Warm-up: the trainer's data files are made once, outside any measurement.
-zernel-workload train --gpu-file "$W/gpu.json" --secs 1 --workers 1 --data-dir "$W/data" >/dev/null 2>&1
+has_case ml && zernel-workload train --gpu-file "$W/gpu.json" --secs 1 --workers 1 --data-dir "$W/data" >/dev/null 2>&1
 
+REVERSED=""
+for s in $SCHEDS; do REVERSED="$s $REVERSED"; done
 r=1
 while [ "$r" -le "$REPS" ]; do
-  for s in $SCHEDS; do
+  order=$SCHEDS
+  [ $((r % 2)) = 0 ] && order=$REVERSED
+  for s in $order; do
     echo "# rep $r/$REPS: $s ($(uptime_s) s since boot)"
     if sched_start "$s"; then
-      t=$(up_cs); case_ml "$s" "$r"
-      echo "# [$s] ml: $(( ($(up_cs) - t) / 100 )) s"
-      t=$(up_cs); case_latency "$s" "$r"
-      echo "# [$s] latency: $(( ($(up_cs) - t) / 100 )) s"
-      if [ "$s" != eevdf ]; then
+      if has_case ml; then
+        t=$(up_cs); case_ml "$s" "$r"
+        echo "# [$s] ml: $(( ($(up_cs) - t) / 100 )) s"
+      fi
+      if has_case latency; then
+        t=$(up_cs); case_latency "$s" "$r"
+        echo "# [$s] latency: $(( ($(up_cs) - t) / 100 )) s"
+      fi
+      if [ "$s" != eevdf ] && has_case cost; then
         t=$(up_cs); case_cost "$s" "$r"
         echo "# [$s] cost: $(( ($(up_cs) - t) / 100 )) s"
       fi

@@ -2,19 +2,43 @@
 # run.sh - benchmark scx_zernel side by side with EEVDF and peer sched_ext
 # schedulers, all in ONE VM boot, and render the results.
 #
-#   bench/run.sh [--short] [--reps N] [--no-peers] [--timeout S]
+#   bench/run.sh [--short] [--reps N] [--no-peers] [--cases LIST] [--baseline REV]
+#                [--out DIR] [--smp N] [--timeout S]
 #
-#   --short      1 rep, short durations: checks that the harness works end to
-#                end (numbers not meaningful); results go to target/bench/short/
-#                (never into tracked files)
-#   --reps N     repetitions of every case under every scheduler (default 3;
-#                --short: 1)
-#   --no-peers   only EEVDF and scx_zernel (do not build or run the peers)
-#   --timeout S  VM wall-clock limit (default 1200 s with --short, else
-#                600 + 1200 s per rep)
+#   --short        1 rep, short durations: checks that the harness works end
+#                  to end (numbers not meaningful); results go to
+#                  target/bench/short/ (never into tracked files)
+#   --reps N       repetitions of every case under every scheduler (default 3;
+#                  --short: 1)
+#   --no-peers     only EEVDF and scx_zernel (do not build or run the peers)
+#   --cases LIST   only these cases, comma-separated: ml, latency, cost
+#                  (default all; see bench/guest.sh). A run of some cases
+#                  only writes to target/bench/partial/ unless --out says
+#                  otherwise
+#   --baseline REV also scx_zernel built at git revision REV, run as
+#                  scheduler zernel_base ("scx_zernel @SHORTHASH" in the
+#                  tables) with the same configuration: the BPF cost per
+#                  scheduling event of the work tree's build over REV's, in
+#                  the same boot
+#   --out DIR      results here instead (created if missing). With --short or
+#                  --cases, DIR must hold no tracked file: a partial run never
+#                  overwrites the published results in bench/results/
+#   --smp N        the VM's vCPUs (default 4). Under TCG every vCPU is a host
+#                  thread: with more vCPUs than free host cores, a vCPU that
+#                  holds a lock can be descheduled while others spin on it,
+#                  and BPF run times count that wait
+#   --timeout S    VM wall-clock limit (default 1200 s with --short, else
+#                  600 + 1200 s per rep)
 #
 # Steps:
-#   1. `cargo build --release --bins` (scx_zernel, zernel-workload).
+#   1. `cargo build --release --bins` (scx_zernel, zernel-workload). With
+#      --baseline, scx_zernel at REV too: a detached `git worktree add` of
+#      REV in $BENCH_CACHE/base/src-HASH, built with `cargo build --release
+#      --bin scx_zernel` (BPF_CLANG=clang-19, CARGO_TARGET_DIR
+#      $BENCH_CACHE/base/target), the binary kept as
+#      $BENCH_CACHE/base/bin/scx_zernel-HASH (HASH: REV's full commit hash, so
+#      a later run with the same commit does not rebuild) and the worktree
+#      removed.
 #   2. The peers scx_bpfland and scx_lavd at their published 1.1.4 versions,
 #      `cargo install --locked`, built once and cached in
 #      $BENCH_CACHE/peers (default ~/.cache/scx-zernel-bench/peers: outside
@@ -22,15 +46,18 @@
 #      too). A peer that fails to build is reported as "not built: <reason>"
 #      in the results; the benchmark goes on without it.
 #   3. One stress-ng calibration on the host (see bench/report.py).
-#   4. One VM (tests/vm/vmrun.sh --smp 4 --mem 4G) running bench/guest.sh:
-#      every case under EEVDF, scx_zernel, scx_bpfland and scx_lavd in turn.
+#   4. One VM (tests/vm/vmrun.sh --smp 4 --mem 4G; --smp N) running bench/guest.sh:
+#      every case under EEVDF, scx_zernel, scx_zernel @REV (--baseline),
+#      scx_bpfland and scx_lavd in turn.
 #   5. bench/report.py turns the guest's result lines into results.json,
 #      README.md (tables: median and min-max per metric and scheduler,
 #      targets) and plot.png (matplotlib, installed once into
 #      $BENCH_CACHE/venv).
-# The guest's output is kept in OUT/guest.log and the host's facts (peer
-# status, calibration, wall times) in OUT/host-meta.txt, so the report can be
-# rendered again without a run:
+# The guest's output is kept in OUT/guest.log, the host's facts (peer status,
+# calibration, wall times) in OUT/host-meta.txt and the host's CPU use while
+# the VM runs (every 5 s: time, busy and steal ticks of the whole host, ticks of
+# the qemu process) in OUT/host-load.txt, so the report can be rendered again
+# without a run:
 #     python3 bench/report.py --out OUT OUT/host-meta.txt OUT/guest.log
 # The kernel console goes to target/bench/console.log. Exit status: 0 if the
 # guest's checks all passed and results were rendered, 1 otherwise.
@@ -39,6 +66,7 @@
 # peer build, default 1800), and vmrun.sh's own (VMRUN_*).
 set -uo pipefail
 
+CALLER_PWD=$PWD
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 2
 PEERS=(bpfland lavd)
@@ -46,7 +74,8 @@ PEER_VERSION=1.1.4
 CACHE=${BENCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel-bench}
 PEER_TIMEOUT=${BENCH_PEER_BUILD_TIMEOUT:-1800}
 
-SHORT=0 REPS="" USE_PEERS=1 TIMEOUT=""
+SHORT=0 REPS="" USE_PEERS=1 TIMEOUT="" CASES="" BASELINE="" OUT="" SMP=4
+ALL_CASES=ml,latency,cost
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die() { echo "bench: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
@@ -54,6 +83,10 @@ while [ $# -gt 0 ]; do
     --short) SHORT=1 ;;
     --reps) REPS=${2:-}; shift ;;
     --no-peers) USE_PEERS=0 ;;
+    --cases) CASES=${2:-}; shift ;;
+    --baseline) BASELINE=${2:-}; [ -n "$BASELINE" ] || die "--baseline takes a git revision"; shift ;;
+    --out) OUT=${2:-}; [ -n "$OUT" ] || die "--out takes a directory"; shift ;;
+    --smp) SMP=${2:-}; shift ;;
     --timeout) TIMEOUT=${2:-}; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -64,9 +97,30 @@ done
 [[ $REPS =~ ^[1-9][0-9]*$ ]] || die "--reps takes a positive integer"
 [ -n "$TIMEOUT" ] || TIMEOUT=$(( SHORT ? 1200 : 600 + 1200 * REPS ))
 [[ $TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "--timeout takes a positive integer"
+[[ $SMP =~ ^[1-9][0-9]*$ ]] || die "--smp takes a positive integer"
+PARTIAL=0
+if [ -n "$CASES" ]; then
+  [[ $CASES =~ ^(ml|latency|cost)(,(ml|latency|cost))*$ ]] || die "--cases takes a comma-separated list of ml, latency, cost"
+  for c in ${ALL_CASES//,/ }; do [[ ,$CASES, == *,$c,* ]] || PARTIAL=1; done
+else
+  CASES=$ALL_CASES
+fi
 
-OUT=$ROOT/bench/results
-(( SHORT )) && OUT=$ROOT/target/bench/short   # a test run leaves the checkout clean
+# Where the results go: bench/results/ (tracked, published) only for a full run.
+if [ -n "$OUT" ]; then
+  [[ $OUT == /* ]] || OUT=$CALLER_PWD/$OUT
+  mkdir -p "$OUT" || die "cannot create $OUT"
+  OUT=$(cd "$OUT" && pwd) || die "cannot enter $OUT"
+  if (( SHORT || PARTIAL )) && [ -n "$(git ls-files -- "$OUT" 2>/dev/null | head -n1)" ]; then
+    die "--out $OUT holds tracked files: a --short or --cases run does not write there"
+  fi
+elif (( SHORT )); then
+  OUT=$ROOT/target/bench/short   # a test run leaves the checkout clean
+elif (( PARTIAL )); then
+  OUT=$ROOT/target/bench/partial
+else
+  OUT=$ROOT/bench/results
+fi
 LOGDIR=$ROOT/target/bench
 mkdir -p "$OUT" "$LOGDIR" "$CACHE" || die "cannot create $OUT, $LOGDIR or $CACHE"
 T_START=$SECONDS
@@ -80,6 +134,37 @@ fi
 # ---- 1. scx_zernel --------------------------------------------------------------------
 log "cargo build --release --bins"
 cargo build --release --bins || die "cargo build failed"
+
+# build_base REV : make $CACHE/base/bin/scx_zernel-HASH exist for REV's commit
+# HASH and print its path; dies if it cannot.
+build_base() {
+  local hash root=$CACHE/base src bin blog rc
+  hash=$(git rev-parse --verify -q "$1^{commit}") || die "--baseline: '$1' is not a commit here"
+  src=$root/src-$hash bin=$root/bin/scx_zernel-$hash blog=$root/build-$hash.log
+  if [ -x "$bin" ]; then
+    log "scx_zernel @${hash:0:7}: cached $bin" >&2
+    echo "$bin"; return 0
+  fi
+  mkdir -p "$root/bin" || die "cannot create $root/bin"
+  # A worktree left by an interrupted build: start again.
+  if [ -e "$src" ]; then git worktree remove --force "$src" 2>/dev/null || rm -rf "$src"; fi
+  git worktree prune
+  log "building scx_zernel @${hash:0:7} (once; cached in $root; log $blog)" >&2
+  git worktree add -q --detach "$src" "$hash" >"$blog" 2>&1 || { cat "$blog" >&2; die "git worktree add of $1 failed"; }
+  (cd "$src" && BPF_CLANG=clang-19 LIBBPF_SYS_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu \
+     CARGO_TARGET_DIR=$root/target cargo build --release --bin scx_zernel) >>"$blog" 2>&1
+  rc=$?
+  if [ "$rc" -eq 0 ] && cp "$root/target/release/scx_zernel" "$bin.tmp" && mv "$bin.tmp" "$bin"; then
+    git worktree remove --force "$src"
+    echo "$bin"; return 0
+  fi
+  grep -m1 -E '^error' "$blog" | cut -c1-200 >&2
+  die "the build of scx_zernel @${hash:0:7} failed (log $blog; worktree kept in $src)"
+}
+BASE_BIN=""
+if [ -n "$BASELINE" ]; then
+  BASE_BIN=$(build_base "$BASELINE") || exit 2
+fi
 T_BUILD=$((SECONDS - T_START))
 
 # ---- 2. the peers ------------------------------------------------------------------------
@@ -90,6 +175,12 @@ SCHEDS="eevdf zernel"
 ADDS=("$ROOT/target/release/scx_zernel=/usr/local/bin/scx_zernel"
       "$ROOT/target/release/zernel-workload=/usr/local/bin/zernel-workload"
       "$ROOT/tests/vm" "$ROOT/bench/guest.sh")
+if [ -n "$BASE_BIN" ]; then
+  SCHEDS="$SCHEDS zernel_base"
+  ADDS+=("$BASE_BIN=/usr/local/bin/scx_zernel_base")
+  h=${BASE_BIN##*-}
+  echo "BENCHMETA base_rev=\"${BASELINE//\"/\'}\" base_commit=${h:0:7}" >>"$META"
+fi
 
 # build_peer NAME : make $CACHE/peers/bin/scx_NAME at PEER_VERSION exist;
 # prints the reason and returns 1 if it cannot.
@@ -153,14 +244,38 @@ echo "BENCHMETA calib_host_ops_per_cpu_s=${calib:-}" >>"$META"
 echo "BENCHMETA host_cpus=$(nproc) host_kernel=$(uname -r) commit=$(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD -- src 2>/dev/null || echo +dirty)" >>"$META"
 
 # ---- 4. the VM -----------------------------------------------------------------------------
-GARGS=(--reps "$REPS" --scheds "$SCHEDS")
+GARGS=(--reps "$REPS" --scheds "$SCHEDS" --cases "$CASES")
 (( SHORT )) && GARGS+=(--short)
-log "booting the VM: schedulers '$SCHEDS', $REPS rep(s)$( (( SHORT )) && echo ', short')"
+log "booting the VM: schedulers '$SCHEDS', cases $CASES, $REPS rep(s)$( (( SHORT )) && echo ', short')"
+# What else the host ran meanwhile: TCG's vCPUs share the host's cores with
+# every other process, and what those take shows up as time inside the guest
+# (BPF run times included). One line every 5 s: epoch, busy ticks of all CPUs
+# (user nice system irq softirq), steal ticks, ticks of this run's qemu (a
+# qemu-system process descending from this script: another VM on the host is
+# other load).
+# The guest stamps its measurement windows with its clock (qemu's RTC starts at
+# the host's time), and report.py puts the two together.
+sample_host() {
+  while :; do
+    printf '%s %s %s\n' "$(date +%s)" \
+      "$(awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8, $9 }' /proc/stat)" \
+      "$(cat /proc/[0-9]*/stat 2>/dev/null | awk -v root=$$ '
+          { s = $0; sub(/^.*\) /, "", s); split(s, f, " "); ppid[$1] = f[2]; t[$1] = f[12] + f[13]
+            if ($2 ~ /^\(qemu-system/) q[$1] = 1 }
+          END { for (p in q) { x = p; while (x > 1 && x != root) x = ppid[x]; if (x == root) T += t[p] }
+                print T + 0 }')"
+    sleep 5
+  done
+}
+echo "# epoch busy_ticks steal_ticks qemu_ticks (CLK_TCK $(getconf CLK_TCK), $(nproc) CPUs)" >"$OUT/host-load.txt"
+sample_host >>"$OUT/host-load.txt" 2>/dev/null &
+SAMPLER=$!
 t0=$SECONDS
-tests/vm/vmrun.sh --smp 4 --mem 4G --timeout "$TIMEOUT" --console "$LOGDIR/console.log" \
+tests/vm/vmrun.sh --smp "$SMP" --mem 4G --timeout "$TIMEOUT" --console "$LOGDIR/console.log" \
   --add "${ADDS[@]}" -- sh bench/guest.sh "${GARGS[@]}" 2>&1 | tee "$OUT/guest.log"
 VM_RC=${PIPESTATUS[0]}
 T_VM=$((SECONDS - t0))
+kill "$SAMPLER" 2>/dev/null; wait "$SAMPLER" 2>/dev/null
 log "VM finished: exit $VM_RC after $T_VM s"
 
 # ---- 5. the report ---------------------------------------------------------------------------
