@@ -501,7 +501,7 @@ fn identity<'a>(p: &'a ProcessView, comm: &'a str) -> Identity<'a> {
 mod tests {
     use super::*;
     use crate::class::Class;
-    use crate::observe::fixture::{write_proc, FakeProc, TempDir};
+    use crate::observe::fixture::{hog_and_web, TempDir};
     use crate::rules::RuleConfig;
 
     fn rule(comm: &str, class: Class) -> RuleConfig {
@@ -520,10 +520,7 @@ mod tests {
         let dir = TempDir::new("pipeline-changed");
         let root = dir.path().join("proc");
         std::fs::create_dir(&root).unwrap();
-        let mut hog = FakeProc::new(100, 1, "hog");
-        hog.threads.push(crate::observe::fixture::FakeThread::new(101, "hog-w"));
-        write_proc(&root, &hog);
-        write_proc(&root, &FakeProc::new(200, 1, "web"));
+        hog_and_web(&root);
         let mut cfg = Config::default();
         cfg.observe.proc_root = root.display().to_string();
         cfg.rules = vec![rule("^hog", Class::Batch)];

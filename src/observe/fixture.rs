@@ -263,3 +263,12 @@ pub fn remove_proc(root: &Path, pid: i32) {
 pub fn remove_thread(root: &Path, pid: i32, tid: i32) {
     std::fs::remove_dir_all(root.join(format!("{pid}/task/{tid}"))).unwrap();
 }
+
+/// A fake /proc with one process (pid 100, threads 100 "hog" and 101
+/// "hog-w") and another (pid 200) "web".
+pub fn hog_and_web(root: &Path) {
+    let mut hog = FakeProc::new(100, 1, "hog");
+    hog.threads.push(FakeThread::new(101, "hog-w"));
+    write_proc(root, &hog);
+    write_proc(root, &FakeProc::new(200, 1, "web"));
+}

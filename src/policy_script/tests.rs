@@ -2,7 +2,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::config::Config;
-use crate::observe::fixture::{write_proc, FakeProc, TempDir};
+use crate::observe::fixture::{hog_and_web, TempDir};
 use crate::pipeline::Pipeline;
 use crate::topology::Topology;
 
@@ -237,15 +237,6 @@ fn the_script_runs_again_only_when_a_threads_facts_change() {
     assert_eq!(s.verdict(10), None);
 }
 
-/// A pipeline over a fake /proc: one process (pid 100, two threads) named
-/// "hog", one (pid 200) "web".
-fn fake_proc(root: &Path) {
-    let mut hog = FakeProc::new(100, 1, "hog");
-    hog.threads.push(crate::observe::fixture::FakeThread::new(101, "hog-w"));
-    write_proc(root, &hog);
-    write_proc(root, &FakeProc::new(200, 1, "web"));
-}
-
 fn classes(p: &Pipeline) -> Vec<(u32, Class)> {
     let mut v: Vec<(u32, Class)> = p.decisions().map(|(tid, _, d)| (tid, d.class)).collect();
     v.sort();
@@ -257,7 +248,7 @@ fn the_pipeline_runs_the_script_for_changed_threads_and_reloads_it() {
     let dir = TempDir::new("policy-script");
     let proc_root = dir.path().join("proc");
     std::fs::create_dir(&proc_root).unwrap();
-    fake_proc(&proc_root);
+    hog_and_web(&proc_root);
     let script = dir.path().join("policy.lua");
     let v1 = "function decide(t)\n if t.comm:find('^hog') then return { class = 'batch' } end\n if t.comm == 'web' then return { class = 'latency' } end\nend\n";
     std::fs::write(&script, v1).unwrap();
