@@ -3,44 +3,67 @@
 # (runs under busybox ash in the guest: POSIX plus `local`, as dash)
 # guest.sh - the guest half of the benchmark (bench/run.sh boots the VM).
 #
-#   sh bench/guest.sh [--short] [--reps N] [--scheds "eevdf zernel bpfland lavd"]
-#                     [--cases ml,latency,cost]
+#   sh bench/guest.sh [--short] [--reps N] [--scheds "eevdf zernel ..."]
+#                     [--cases ml,torch,latency,cost]
 #
 # Runs every case (or those --cases names) under each scheduler in turn, in
 # one boot. Repetitions are interleaved, odd ones in --scheds order and even
-# ones in reverse (rep 1: eevdf zernel bpfland lavd, rep 2: lavd bpfland
-# zernel eevdf, ...), so that neither a slow phase of the host (TCG shares its
-# cores) nor the place in the sequence lands on one scheduler only. Each
-# scheduler is attached before its cases and detached after them; the
-# kernel's sched_ext state is checked both times.
+# ones in reverse (rep 1: eevdf zernel ... cosmos, rep 2: cosmos ... zernel
+# eevdf), so that neither a slow phase of the host (TCG shares its cores) nor
+# the place in the sequence lands on one scheduler only. Each scheduler is
+# attached before its cases and detached after them; the kernel's sched_ext
+# state is checked both times.
 #
-# Schedulers: eevdf (no sched_ext scheduler), zernel (scx_zernel), zernel_base
-# (scx_zernel_base: scx_zernel built at an earlier commit, bench/run.sh
-# --baseline; same --config, its ops name starts with "zernel" too), any other
-# NAME (scx_NAME, no arguments).
+# Schedulers: eevdf (no sched_ext scheduler); zernel (scx_zernel, default
+# configuration: no GPU data in this VM, the common case); zernel_gpu
+# (scx_zernel given the sized trainer's fake GPU through its file GPU
+# provider, standing in for NVML); zernel_flat (scx_zernel with a flat
+# policy: every phase and every ML thread in the normal class, the control
+# that shows what the phase policy earns); zernel_base (scx_zernel_base:
+# scx_zernel built at an earlier commit, bench/run.sh --baseline, default
+# configuration); any other NAME (scx_NAME, no arguments).
 #
-# Cases (durations: full / --short):
-#   ml       zernel-workload train alone (30 s / 6 s), then again with
-#            `stress-ng --cpu 8` hogs on the 4 vCPUs (2x oversubscription).
-#            Steps/s, fake-GPU busy fraction and loader-wait p99 from the
-#            trainer's last line; its CPU time from `time -p`; the hogs' CPU
-#            time over the trainer's run from /proc, their bogo ops/s from
-#            stress-ng's --metrics-brief. Under a sched_ext scheduler, the
-#            run_time_ns/run_cnt (kernel.bpf_stats_enabled) of every BPF
-#            program the scheduler process holds an fd of (struct_ops, and
-#            tp_btf/fentry/lsm ones) are read from its fdinfo before and after
-#            the contended run: ns per call of each, ns per struct_ops call,
-#            and BPF ns per scheduling event = the time of all its programs /
-#            the calls of its enqueue program (name contains "enqueue").
+# Cases (sizes: full / --short):
+#   ml       the sized pipeline: `zernel-workload train --steps N` (N = 150 /
+#            30): two DataLoader worker processes decode each batch with a
+#            fixed amount of CPU work, the trainer launches 20 fake-GPU
+#            kernels a step (100 us-1 ms waits) and runs a fixed-work
+#            optimizer step. Sizes come from `zernel-workload calibrate` on
+#            the idle guest: decode 20 ms and optimizer 10 ms of an idle
+#            vCPU's work. Alone, then with `stress-ng --cpu 2*vCPUs` (2x
+#            oversubscription). Steps/s, fake-GPU busy fraction, loader-wait
+#            p99, the job's CPU (the trainer's getrusage, workers included);
+#            the hogs' CPU time over the trainer's run from /proc, their bogo
+#            ops/s from stress-ng's --metrics-brief. Under a sched_ext
+#            scheduler, the run_time_ns/run_cnt (kernel.bpf_stats_enabled)
+#            of every BPF program the scheduler process holds an fd of
+#            (struct_ops, and tp_btf/fentry/lsm ones) from its fdinfo before
+#            and after the contended run: ns per call of each, ns per
+#            struct_ops call, and BPF ns per scheduling event = the time of
+#            all its programs / the calls of its enqueue program.
+#   torch    real PyTorch on the CPU (ZERNEL_PYTHON: the venv
+#            scripts/setup-deps.sh makes). tests/workloads/pytorch/train.py
+#            (2 DataLoader workers) and serve.py start once per boot; between
+#            measurements the trainer's process group is stopped (SIGSTOP),
+#            so one `import torch` serves every scheduler. Per scheduler:
+#            the trainer continued, 2 warm-up steps, K steps alone (K = 20 /
+#            3), then hogs as above, 1 warm-up step, K steps: steps/s on the
+#            job's own clock (--step-times), its CPU from /proc (its process
+#            group), the hogs' CPU. Then client.py sends N requests (N = 200
+#            / 20) one after another to serve.py, alone and with the hogs:
+#            requests/s, latency p50 and p99.
 #   latency  cyclictest (SCHED_OTHER threads: an RT thread would bypass
-#            sched_ext) under `stress-ng --cpu 4`: p99, max and average of
-#            every sample (-v);
-#            then a messaging benchmark alone: `perf bench sched messaging`
-#            if perf runs here, else rt-tests' hackbench (same benchmark).
+#            sched_ext) under `stress-ng --cpu vCPUs`: p99, max and average
+#            of every sample (-v); then a messaging benchmark alone: `perf
+#            bench sched messaging` if perf runs here, else rt-tests'
+#            hackbench (same benchmark); then schbench (p99 wakeup latency)
+#            if it is installed.
 #   cost     sched_ext schedulers only: the scheduler process's CPU time
 #            (utime+stime) over a 10 s window (2 s --short) while a process
 #            with 2,000 mostly idle threads (300 --short) runs, ML (rank
 #            environment) and not.
+# At every attach: each BPF program's verified_insns (fdinfo: the
+# instructions the verifier processed, veristat's figure).
 #
 # Output: one line per measurement, for bench/report.py:
 #   BENCH sched=NAME rep=N metric=NAME value=NUMBER
@@ -55,7 +78,7 @@
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../tests/vm/guest-lib.sh"
 
-REPS=3 SHORT=0 SCHEDS="eevdf zernel bpfland lavd" CASES=ml,latency,cost
+REPS=3 SHORT=0 SCHEDS="eevdf zernel zernel_gpu zernel_flat bpfland lavd cosmos" CASES=ml,torch,latency,cost
 while [ $# -gt 0 ]; do
   case $1 in
     --short) SHORT=1 ;;
@@ -67,15 +90,15 @@ while [ $# -gt 0 ]; do
   shift
 done
 for c in $(echo "$CASES" | tr , ' '); do
-  case $c in ml|latency|cost) ;; *) echo "guest.sh: unknown case '$c' (ml, latency, cost)"; exit 2 ;; esac
+  case $c in ml|torch|latency|cost) ;; *) echo "guest.sh: unknown case '$c' (ml, torch, latency, cost)"; exit 2 ;; esac
 done
 # has_case NAME : NAME is one of the cases to run.
 has_case() { case ",$CASES," in *",$1,"*) return 0 ;; esac; return 1; }
 
 if [ $SHORT = 1 ]; then
-  TRAIN_S=6 CT_S=3 MSG_ARGS="-g 2 -l 20" THREADS=300 SETTLE_S=2 WINDOW_S=2
+  ML_STEPS=30 TORCH_STEPS=3 INFER_REQS=20 CT_S=3 MSG_ARGS="-g 2 -l 20" SCH_S=3 THREADS=300 SETTLE_S=2 WINDOW_S=2
 else
-  TRAIN_S=30 CT_S=10 MSG_ARGS="-g 4 -l 50" THREADS=2000 SETTLE_S=5 WINDOW_S=10
+  ML_STEPS=150 TORCH_STEPS=20 INFER_REQS=200 CT_S=10 MSG_ARGS="-g 4 -l 50" SCH_S=10 THREADS=2000 SETTLE_S=5 WINDOW_S=10
 fi
 NCPU=$(grep -c '^processor' /proc/cpuinfo)
 W=/tmp/bench
@@ -119,13 +142,16 @@ sched_start() {
   [ "$1" = eevdf ] && return 0
   t0=$(up_cs)
   case $1 in
-    zernel|zernel_base) "scx_$1" --config "$W/zernel.toml" >"$W/sched.log" 2>&1 & ;;
+    zernel) scx_zernel --config "$W/zernel.toml" >"$W/sched.log" 2>&1 & ;;
+    zernel_gpu) scx_zernel --config "$W/zernel-gpu.toml" >"$W/sched.log" 2>&1 & ;;
+    zernel_flat) scx_zernel --config "$W/zernel-flat.toml" >"$W/sched.log" 2>&1 & ;;
+    zernel_base) scx_zernel_base --config "$W/zernel.toml" >"$W/sched.log" 2>&1 & ;;
     *) "scx_$1" >"$W/sched.log" 2>&1 & ;;
   esac
   SPID=$!
   while [ $n -gt 0 ]; do
     if [ "$(sched_state)" = enabled ]; then
-      case $(ops_name) in "${1%_base}"*)
+      case $(ops_name) in "${1%_*}"*)
         _ok "[$1] attached: state enabled, ops $(ops_name) ($(calc "($(up_cs) - $t0) / 100") s)"
         return 0 ;;
       esac
@@ -220,6 +246,25 @@ bpf_report() {
   ' "$3" "$4"
 }
 
+# bpf_insns SCHED REP : each BPF program's verified_insns (the instructions
+# the verifier processed, the figure veristat reports), from the fdinfo of
+# the programs the scheduler process holds; bpf_symbols must have run.
+bpf_insns() {
+  cat "/proc/$SPID/fdinfo/"* 2>/dev/null | awk -v syms="$W/bpfsyms" -v s="$1" -v r="$2" '
+    BEGIN { while ((getline l < syms) > 0) { split(l, a, " "); name[a[1]] = a[2] } }
+    function flush() {
+      if (id != "" && type != "" && vi != "" && !seen[id]++)
+        printf "BENCH sched=%s rep=%s metric=bpf_verified_insns.%s value=%s\n", s, r, (tag in name ? name[tag] : "tag_" tag), vi
+      id = ""; type = ""; tag = ""; vi = ""
+    }
+    /^pos:/ { flush() }
+    /^prog_type:/ { type = $2 }
+    /^prog_tag:/ { tag = $2 }
+    /^prog_id:/ { id = $2 }
+    /^verified_insns:/ { vi = $2 }
+    END { flush() }'
+}
+
 # zernel_classes BIN : what the kernel map of scx_zernel (or BIN, another build
 # of it) holds right now, as counts of "comm class" over its entries (a
 # diagnostic for the guest log).
@@ -230,49 +275,56 @@ zernel_classes() {
   done | sort | uniq -c | sort -rn | head -n 12 | tr -s ' \n' ' '
 }
 
-# ---- case 1: the ML pipeline -------------------------------------------------------------
-# train_run OUT : run the trainer for TRAIN_S seconds; its last line goes to
-# OUT, `time -p` output (its CPU time, DataLoader workers included) to OUT.time.
+# ---- case 1: the sized ML pipeline ----------------------------------------------------------
+# train_run OUT : the sized trainer, ML_STEPS steps; its last line goes to OUT.
+ML_ARGS=""
 train_run() {
-  time -p zernel-workload train --gpu-file "$W/gpu.json" --secs "$TRAIN_S" --workers 2 \
-    --data-dir "$W/data" >"$1.full" 2>"$1.time"
+  # shellcheck disable=SC2086  # ML_ARGS is a list of words
+  zernel-workload train --gpu-file "$W/gpu.json" --steps "$ML_STEPS" --workers 2 \
+    --data-dir "$W/data" $ML_ARGS >"$1.full" 2>&1
   grep '^zernel-workload train steps=' "$1.full" | tail -n1 >"$1"
-  [ -s "$1" ] || { echo "# trainer output:"; cat "$1.full" "$1.time"; }
+  [ -s "$1" ] || { echo "# trainer output:"; cat "$1.full"; }
 }
-# cpu_secs FILE : user+sys seconds from `time -p` output.
-cpu_secs() { awk '$1 == "user" || $1 == "sys" { t += $2 } END { print t + 0 }' "$1"; }
-# ml_cpu_frac FILE : (user+sys) / real from `time -p` output: the CPUs the
-# ML job used on average over its run.
+# ml_cpu_frac FILE : cpu_secs / secs of the trainer's line: the CPUs the ML
+# job used on average over its run.
 ml_cpu_frac() {
-  awk '$1 == "user" || $1 == "sys" { t += $2 } $1 == "real" { r = $2 }
-    END { if (r > 0) printf "%.4f\n", t / r }' "$1"
+  local c t
+  c=$(field cpu_secs "$1") t=$(field secs "$1")
+  [ -n "$c" ] && [ -n "$t" ] && calc "$c / $t"
 }
 
+# hogs_start : 2x oversubscription, `stress-ng --cpu 2*vCPUs` (HP = its pid);
+# stopped with SIGINT (stress-ng then prints its metrics).
+HP=""
+hogs_start() {
+  stress-ng --temp-path "$W" --cpu $((2 * NCPU)) --timeout 3600s --metrics-brief >"$W/hogs.out" 2>&1 &
+  HP=$!
+  sleep 1
+}
+hogs_stop() { stop_bg "$HP"; HP=""; }
+
 case_ml() {
-  local s="$1" r="$2" hp h0 h1 u0 u1 b0 b1 ml_cpu win dp e0
+  local s="$1" r="$2" h0 h1 u0 u1 b0 b1 ml_cpu win dp e0
   # Alone.
   train_run "$W/iso"
   result "$s" "$r" ml_iso_steps_per_sec "$(field steps_per_sec "$W/iso")"
+  result "$s" "$r" ml_iso_secs "$(field secs "$W/iso")"
   result "$s" "$r" ml_iso_gpu_busy_frac "$(field gpu_busy_frac "$W/iso")"
   result "$s" "$r" ml_iso_loader_p99_ms "$(field loader_wait_p99_ms "$W/iso")"
-  result "$s" "$r" ml_iso_cpu "$(ml_cpu_frac "$W/iso.time")"
+  result "$s" "$r" ml_iso_cpu "$(ml_cpu_frac "$W/iso")"
 
-  # With 2x oversubscription: 8 hogs on 4 vCPUs. They run from 1 s before the
-  # trainer starts until it ends (SIGINT: stress-ng then prints its metrics).
-  # The window of every measurement is the trainer's run: from just before it
-  # starts to just after it ends.
-  [ -n "$SPID" ] && bpf_symbols
-  stress-ng --cpu $((2 * NCPU)) --timeout 3600s --metrics-brief >"$W/hogs.out" 2>&1 &
-  hp=$!
-  sleep 1
+  # With 2x oversubscription. The hogs run from 1 s before the trainer
+  # starts until it ends. The window of every measurement is the trainer's
+  # run: from just before it starts to just after it ends.
+  hogs_start
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf0" && b0=$(ticks_of "$SPID")
   h0=$(ticks_by_comm stress-ng) u0=$(up_cs) e0=$(date +%s)
   # Half-way through, which classes the ML threads have in scx_zernel's map.
   # Every build of scx_zernel alike: the dump forks processes, whose BPF time
   # (init_task, process events) the window counts.
   dp=""
-  case $s in zernel|zernel_base)
-    ( sleep $((TRAIN_S / 2)); echo "# [$s] map mid-run with hogs: $(zernel_classes "scx_$s")" ) &
+  case $s in zernel*)
+    ( sleep 2; echo "# [$s] map with hogs: $(zernel_classes "scx_${s%_gpu}")" ) &
     dp=$!
   esac
   train_run "$W/con"
@@ -280,17 +332,18 @@ case_ml() {
   h1=$(ticks_by_comm stress-ng) u1=$(up_cs)
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf1" && b1=$(ticks_of "$SPID")
   echo "BENCHWIN sched=$s rep=$r case=ml_con start=$e0 end=$(date +%s)"
-  stop_bg "$hp"
+  hogs_stop
   win=$(calc "($u1 - $u0) / 100")
-  ml_cpu=$(cpu_secs "$W/con.time")
+  ml_cpu=$(field cpu_secs "$W/con")
   result "$s" "$r" ml_con_steps_per_sec "$(field steps_per_sec "$W/con")"
+  result "$s" "$r" ml_con_secs "$(field secs "$W/con")"
   result "$s" "$r" ml_con_gpu_busy_frac "$(field gpu_busy_frac "$W/con")"
   result "$s" "$r" ml_con_loader_p99_ms "$(field loader_wait_p99_ms "$W/con")"
-  result "$s" "$r" ml_con_cpu "$(ml_cpu_frac "$W/con.time")"
+  result "$s" "$r" ml_con_cpu "$(ml_cpu_frac "$W/con")"
   # The hogs' share of what the ML job left: their CPU time over the trainer's
   # run / (vCPUs x that time - the trainer's CPU time).
   result "$s" "$r" hogs_cpu "$(calc "($h1 - $h0) / 100 / $win")"
-  result "$s" "$r" hogs_share_of_idle "$(calc "(($h1 - $h0) / 100) / ($NCPU * $win - $ml_cpu)")"
+  [ -n "$ml_cpu" ] && result "$s" "$r" hogs_share_of_idle "$(calc "(($h1 - $h0) / 100) / ($NCPU * $win - $ml_cpu)")"
   result "$s" "$r" hogs_bogo_ops_per_s \
     "$(awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print $9 }' "$W/hogs.out")"
   if [ -n "$SPID" ]; then
@@ -299,7 +352,113 @@ case_ml() {
   fi
 }
 
-# ---- case 2: general latency --------------------------------------------------------------
+# ---- case 2: real PyTorch ----------------------------------------------------------------
+TPY="" TPG="" SPG=""
+# ticks_by_pgrp PGID : utime+stime of every process of a process group.
+ticks_by_pgrp() {
+  cat /proc/[0-9]*/stat 2>/dev/null | awk -v g="$1" '
+    { s = $0; sub(/^.*\) /, "", s); split(s, f, " "); if (f[3] == g) t += f[12] + f[13] }
+    END { print t + 0 }'
+}
+# torch_steps : the trainer's finished steps (0 before the first).
+torch_steps() { local v; v=$(cat "$W/tprog" 2>/dev/null); echo "${v:-0}"; }
+# torch_wait_steps N SECS : wait until the trainer finished N steps, at most SECS.
+torch_wait_steps() {
+  local n=$(($2 * 5))
+  while [ "$(torch_steps)" -lt "$1" ]; do
+    [ $n -gt 0 ] && alive "$TPG" || return 1
+    sleep 0.2; n=$((n - 1))
+  done
+}
+# step_time N : the trainer's clock when step N finished.
+step_time() { awk -v n="$1" '$1 == n { print $2 }' "$W/tsteps"; }
+
+# torch_start : start the trainer and the server (both import torch at once),
+# wait for the trainer's first step and the server's socket, stop the
+# trainer. Returns 1 (and says why) if PyTorch cannot run here.
+torch_start() {
+  TPY=${ZERNEL_PYTHON:-}
+  if [ -z "$TPY" ] || ! "$TPY" -c 'import importlib.util as u; exit(u.find_spec("torch") is None)' 2>/dev/null; then
+    echo "BENCHMETA torch=unavailable reason=\"no Python with PyTorch (ZERNEL_PYTHON='$TPY'; scripts/setup-deps.sh installs it)\""
+    return 1
+  fi
+  local t0 n=4500
+  t0=$(up_cs)
+  # Own process groups (setsid): SIGSTOP/SIGCONT reach the DataLoader workers too.
+  setsid "$TPY" tests/workloads/pytorch/train.py --workers 2 --steps 0 --data-dir "$W/tdata" \
+    --progress "$W/tprog" --step-times "$W/tsteps" --ready "$W/tready" >"$W/train.out" 2>&1 &
+  TPG=$!
+  setsid "$TPY" tests/workloads/pytorch/serve.py --socket "$W/lm.sock" --ready "$W/lm.ready" >"$W/serve.out" 2>&1 &
+  SPG=$!
+  while { ! [ -s "$W/tready" ] || ! [ -s "$W/lm.ready" ]; } && alive "$TPG" && alive "$SPG" && [ $n -gt 0 ]; do
+    sleep 0.2; n=$((n - 1))
+  done
+  if ! [ -s "$W/tready" ] || ! [ -s "$W/lm.ready" ]; then
+    echo "BENCHMETA torch=unavailable reason=\"train.py or serve.py did not start: $(tail -n1 "$W/train.out" "$W/serve.out" | tr '\n"' " '")\""
+    torch_kill; return 1
+  fi
+  kill -STOP "-$TPG"
+  echo "BENCHMETA torch_version=$("$TPY" -c 'import importlib.metadata as m; print(m.version("torch"))') torch_train_steps=$TORCH_STEPS torch_infer_requests=$INFER_REQS torch_start_s=$(calc "($(up_cs) - $t0) / 100")"
+}
+torch_kill() {
+  [ -n "$TPG" ] && { kill -CONT "-$TPG"; kill -KILL "-$TPG"; wait "$TPG"; } 2>/dev/null
+  [ -n "$SPG" ] && { kill -KILL "-$SPG"; wait "$SPG"; } 2>/dev/null
+  TPG="" SPG=""
+}
+
+# torch_train_window SCHED REP KIND : WARM steps then TORCH_STEPS steps;
+# KIND iso or con. Steps/s on the job's clock, its CPU from /proc.
+torch_train_window() {
+  local s=$1 r=$2 k=$3 n0 t0 t1 j0 j1 h0 h1 u0 u1 win e0
+  torch_wait_steps $(($(torch_steps) + 1)) 600 || { echo "# [$s] torch: no step in 600 s"; return 1; }
+  n0=$(torch_steps)
+  j0=$(ticks_by_pgrp "$TPG") h0=$(ticks_by_comm stress-ng) u0=$(up_cs) e0=$(date +%s)
+  torch_wait_steps $((n0 + TORCH_STEPS)) 1800 || { echo "# [$s] torch: $TORCH_STEPS steps not done in 1800 s"; return 1; }
+  j1=$(ticks_by_pgrp "$TPG") h1=$(ticks_by_comm stress-ng) u1=$(up_cs)
+  echo "BENCHWIN sched=$s rep=$r case=torch_train_$k start=$e0 end=$(date +%s)"
+  t0=$(step_time "$n0") t1=$(step_time $((n0 + TORCH_STEPS)))
+  win=$(calc "($u1 - $u0) / 100")
+  [ -n "$t0" ] && [ -n "$t1" ] && result "$s" "$r" "torch_train_${k}_steps_per_sec" "$(calc "$TORCH_STEPS / ($t1 - $t0)")"
+  result "$s" "$r" "torch_train_${k}_cpu" "$(calc "($j1 - $j0) / 100 / $win")"
+  if [ "$k" = con ]; then
+    result "$s" "$r" torch_train_hogs_cpu "$(calc "($h1 - $h0) / 100 / $win")"
+    result "$s" "$r" torch_train_hogs_share_of_idle "$(calc "(($h1 - $h0) / 100) / ($NCPU * $win - ($j1 - $j0) / 100)")"
+  fi
+}
+
+# torch_infer_window SCHED REP KIND : INFER_REQS requests, one after another.
+torch_infer_window() {
+  local s=$1 r=$2 k=$3 h0 h1 u0 u1 e0 v
+  h0=$(ticks_by_comm stress-ng) u0=$(up_cs) e0=$(date +%s)
+  rm -f "$W/infer.json"
+  "$TPY" tests/workloads/pytorch/client.py --socket "$W/lm.sock" --requests "$INFER_REQS" \
+    --out "$W/infer.json" >"$W/client.out" 2>&1 || { echo "# [$s] client failed: $(tail -n1 "$W/client.out")"; return 1; }
+  h1=$(ticks_by_comm stress-ng) u1=$(up_cs)
+  echo "BENCHWIN sched=$s rep=$r case=torch_infer_$k start=$e0 end=$(date +%s)"
+  for v in rps p50_ms p99_ms; do
+    result "$s" "$r" "torch_infer_${k}_$v" "$(sed -n "s/.*\"$v\": \([0-9.e+-]*\).*/\1/p" "$W/infer.json")"
+  done
+  [ "$k" = con ] && result "$s" "$r" torch_infer_hogs_cpu "$(calc "($h1 - $h0) / 100 / (($u1 - $u0) / 100)")"
+}
+
+case_torch() {
+  local s="$1" r="$2"
+  [ -n "$TPG" ] || return 0
+  kill -CONT "-$TPG"
+  # Warm-up: the scheduler sees the job run again (phases, decisions).
+  torch_wait_steps $(($(torch_steps) + 2)) 600
+  torch_train_window "$s" "$r" iso
+  hogs_start
+  torch_train_window "$s" "$r" con
+  hogs_stop
+  kill -STOP "-$TPG"
+  torch_infer_window "$s" "$r" iso
+  hogs_start
+  torch_infer_window "$s" "$r" con
+  hogs_stop
+}
+
+# ---- case 3: general latency --------------------------------------------------------------
 # ct_parse FILE : "p99 max avg samples" in us, all threads together, from
 # cyclictest -v output (one "thread: cycle: latency" line per sample; exact,
 # where its histogram would cap at a fixed range that TCG latencies overrun).
@@ -331,7 +490,7 @@ msg_run() {
 
 case_latency() {
   local s="$1" r="$2" hp
-  stress-ng --cpu "$NCPU" --timeout 3600s >/dev/null 2>&1 &
+  stress-ng --temp-path "$W" --cpu "$NCPU" --timeout 3600s >/dev/null 2>&1 &
   hp=$!
   sleep 1
   cyclictest -q -m -t "$NCPU" -i 1000 -D "${CT_S}s" -v >"$W/ct.out" 2>&1
@@ -343,9 +502,18 @@ case_latency() {
   result "$1" "$2" cyclictest_avg_us "${5:-}"
   result "$1" "$2" cyclictest_samples "${6:-}"
   [ -n "$MSG_TOOL" ] && result "$1" "$2" messaging_secs "$(msg_run)"
+  if command -v schbench >/dev/null; then
+    # One message thread, vCPUs workers, SCH_S seconds: its wakeup latency
+    # p99 and its median requests/s (the figures scx developers quote).
+    schbench -m 1 -t "$NCPU" -r "$SCH_S" >"$W/sch.out" 2>&1
+    result "$1" "$2" schbench_p99_us "$(awk '/Wakeup Latencies/ { b = 1 } /Request Latencies|RPS/ { b = 0 }
+      b && /99\.0th:/ { sub(/.*99\.0th: */, ""); print $1 + 0; exit }' "$W/sch.out")"
+    result "$1" "$2" schbench_rps "$(awk '/RPS percentiles/ { b = 1 }
+      b && /50\.0th:/ { sub(/.*50\.0th: */, ""); print $1 + 0; exit }' "$W/sch.out")"
+  fi
 }
 
-# ---- case 3: the scheduler's own cost ------------------------------------------------------
+# ---- case 4: the scheduler's own cost ------------------------------------------------------
 case_cost() {
   local s="$1" r="$2" v tp d0 d1 u0 u1 n
   for v in ml plain; do
@@ -365,20 +533,38 @@ case_cost() {
 }
 
 # ---- main ---------------------------------------------------------------------------------
+# The configurations: the default one (no GPU data: nothing provides it in this
+# VM), the sized trainer's fake GPU through the file provider, and the flat
+# policy (every phase and every ML thread in the normal class).
 cat >"$W/zernel.toml" <<TOML
-# The trainer's fake GPU, through the file GPU provider; everything else default.
+# The default configuration.
+TOML
+cat >"$W/zernel-gpu.toml" <<TOML
+# The sized trainer's fake GPU, through the file GPU provider.
 [gpu]
 provider = "file"
 file = "$W/gpu.json"
 TOML
+cat >"$W/zernel-flat.toml" <<TOML
+# The control: no phase policy. Every phase and every ML thread in the normal class.
+[policy]
+ml_unknown = "normal"
+data_loading = { class = "normal", preempt = false, latency_target_us = 8000 }
+gpu_compute = { class = "normal", preempt = false, latency_target_us = 8000 }
+nccl_collective = { class = "normal", preempt = false, latency_target_us = 8000 }
+optimizer_step = { class = "normal", preempt = false, latency_target_us = 8000 }
+TOML
 sysctl -qw kernel.bpf_stats_enabled=1 2>/dev/null || echo 1 >/proc/sys/kernel/bpf_stats_enabled
 assert_eq "kernel.bpf_stats_enabled is 1" "$(cat /proc/sys/kernel/bpf_stats_enabled)" 1
 has_case latency && msg_pick
-echo "BENCHMETA kernel=$(uname -r) vcpus=$NCPU mem_kib=$(awk '/MemTotal/ { print $2 }' /proc/meminfo) reps=$REPS short=$SHORT cases=$CASES train_s=$TRAIN_S cyclictest_s=$CT_S threads=$THREADS window_s=$WINDOW_S"
+if has_case latency && ! command -v schbench >/dev/null; then
+  echo "BENCHMETA schbench=\"not available: not installed (no Debian package; its source is on git.kernel.org, which this host cannot reach)\""
+fi
+echo "BENCHMETA kernel=$(uname -r) vcpus=$NCPU mem_kib=$(awk '/MemTotal/ { print $2 }' /proc/meminfo) reps=$REPS short=$SHORT cases=$CASES ml_steps=$ML_STEPS cyclictest_s=$CT_S threads=$THREADS window_s=$WINDOW_S"
 echo "BENCHMETA stress_ng=\"$(stress-ng --version 2>&1 | head -n1)\" cyclictest=\"$(cyclictest --help 2>&1 | head -n1)\""
 for s in $SCHEDS; do
   case $s in
-    zernel|zernel_base) v=$("scx_$s" --version 2>&1 | head -n1) ;;
+    zernel|zernel_gpu|zernel_flat) v=$(scx_zernel --version 2>&1 | head -n1) ;;
     eevdf) v="kernel $(uname -r)" ;;
     *) v=$("scx_$s" --version 2>&1 | head -n1) ;;
   esac
@@ -387,10 +573,19 @@ done
 # Calibration: bogo ops per CPU-second of stress-ng's int64 method with every
 # vCPU busy; bench/run.sh measures the same on one host core. The ratio is a
 # rough factor of how much slower a guest CPU-second is than a native one.
-stress-ng --cpu "$NCPU" --cpu-method int64 --timeout "$((SHORT ? 2 : 5))s" --metrics-brief 2>&1 |
+stress-ng --temp-path "$W" --cpu "$NCPU" --cpu-method int64 --timeout "$((SHORT ? 2 : 5))s" --metrics-brief 2>&1 |
   awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print "BENCHMETA calib_guest_ops_per_cpu_s=" $10 }'
-# Warm-up: the trainer's data files are made once, outside any measurement.
-has_case ml && zernel-workload train --gpu-file "$W/gpu.json" --secs 1 --workers 1 --data-dir "$W/data" >/dev/null 2>&1
+if has_case ml; then
+  # The pipeline's sizes, in units of work an idle vCPU does per ms here:
+  # decode 20 ms a batch, optimizer 10 ms, a kernel launch 0.1 ms.
+  upm=$(zernel-workload calibrate --ms 1000 | sed -n 's/.*units_per_ms=//p')
+  upm=${upm:-50}
+  ML_ARGS="--decode-units $(calc "int($upm * 20)") --optim-units $(calc "int($upm * 10)") --launch-units $(calc "int($upm * 0.1) + 1") --kernels 20"
+  echo "BENCHMETA ml_workers=2 ml_kernels=20 ml_decode_ms=20 ml_optim_ms=10 ml_launch_ms=0.1 units_per_ms=$upm"
+  # Warm-up: the data files are made once, outside any measurement.
+  zernel-workload train --gpu-file "$W/gpu.json" --steps 2 --workers 1 --data-dir "$W/data" >/dev/null 2>&1
+fi
+has_case torch && { torch_start || TPG=""; }
 
 REVERSED=""
 for s in $SCHEDS; do REVERSED="$s $REVERSED"; done
@@ -401,18 +596,13 @@ while [ "$r" -le "$REPS" ]; do
   for s in $order; do
     echo "# rep $r/$REPS: $s ($(uptime_s) s since boot)"
     if sched_start "$s"; then
-      if has_case ml; then
-        t=$(up_cs); case_ml "$s" "$r"
-        echo "# [$s] ml: $(( ($(up_cs) - t) / 100 )) s"
-      fi
-      if has_case latency; then
-        t=$(up_cs); case_latency "$s" "$r"
-        echo "# [$s] latency: $(( ($(up_cs) - t) / 100 )) s"
-      fi
-      if [ "$s" != eevdf ] && has_case cost; then
-        t=$(up_cs); case_cost "$s" "$r"
-        echo "# [$s] cost: $(( ($(up_cs) - t) / 100 )) s"
-      fi
+      [ -n "$SPID" ] && { bpf_symbols; bpf_insns "$s" "$r"; }
+      for c in ml torch latency cost; do
+        has_case $c || continue
+        [ $c = cost ] && [ "$s" = eevdf ] && continue
+        t=$(up_cs); "case_$c" "$s" "$r"
+        echo "# [$s] $c: $(( ($(up_cs) - t) / 100 )) s"
+      done
       [ "$s" = eevdf ] || alive "$SPID" || _notok "[$s] still running after its cases"
     else
       echo "BENCHNOTE sched=$s rep $r: failed to attach, no results"
@@ -421,5 +611,6 @@ while [ "$r" -le "$REPS" ]; do
   done
   r=$((r + 1))
 done
+torch_kill
 check "dmesg is clean" dmesg_clean
 finish

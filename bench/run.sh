@@ -11,7 +11,7 @@
 #   --reps N       repetitions of every case under every scheduler (default 3;
 #                  --short: 1)
 #   --no-peers     only EEVDF and scx_zernel (do not build or run the peers)
-#   --cases LIST   only these cases, comma-separated: ml, latency, cost
+#   --cases LIST   only these cases, comma-separated: ml, torch, latency, cost
 #                  (default all; see bench/guest.sh). A run of some cases
 #                  only writes to target/bench/partial/ unless --out says
 #                  otherwise
@@ -23,10 +23,13 @@
 #   --out DIR      results here instead (created if missing). With --short or
 #                  --cases, DIR must hold no tracked file: a partial run never
 #                  overwrites the published results in bench/results/
-#   --smp N        the VM's vCPUs (default 4). Under TCG every vCPU is a host
-#                  thread: with more vCPUs than free host cores, a vCPU that
-#                  holds a lock can be descheduled while others spin on it,
-#                  and BPF run times count that wait
+#   --smp N        the VM's vCPUs (default: the host's CPUs, at most 4). Under
+#                  TCG every vCPU is a host thread: with more vCPUs than host
+#                  cores, a busy vCPU runs slower the more vCPUs are busy (so
+#                  an ML job alone would get more instructions per vCPU-second
+#                  than beside hogs, whatever the scheduler does), and a vCPU
+#                  that holds a lock can be descheduled while others spin on
+#                  it, which BPF run times count
 #   --timeout S    VM wall-clock limit (default 1200 s with --short, else
 #                  600 + 1200 s per rep)
 #
@@ -39,16 +42,20 @@
 #      $BENCH_CACHE/base/bin/scx_zernel-HASH (HASH: REV's full commit hash, so
 #      a later run with the same commit does not rebuild) and the worktree
 #      removed.
-#   2. The peers scx_bpfland and scx_lavd at their published 1.1.4 versions,
+#   2. The peers scx_bpfland and scx_lavd 1.1.4 and scx_cosmos 1.1.7 (their
+#      published versions),
 #      `cargo install --locked`, built once and cached in
 #      $BENCH_CACHE/peers (default ~/.cache/scx-zernel-bench/peers: outside
 #      the work tree, so that CI's fresh clone of the repository finds them
 #      too). A peer that fails to build is reported as "not built: <reason>"
 #      in the results; the benchmark goes on without it.
 #   3. One stress-ng calibration on the host (see bench/report.py).
-#   4. One VM (tests/vm/vmrun.sh --smp 4 --mem 4G; --smp N) running bench/guest.sh:
-#      every case under EEVDF, scx_zernel, scx_zernel @REV (--baseline),
-#      scx_bpfland and scx_lavd in turn.
+#   4. One VM (tests/vm/vmrun.sh --host-root --smp N --mem 4G: the host's
+#      root, read-only, so that the guest runs the PyTorch venv that
+#      scripts/setup-deps.sh makes, passed as ZERNEL_PYTHON) running
+#      bench/guest.sh: every case under EEVDF, scx_zernel (default
+#      configuration, with GPU data, flat policy), scx_zernel @REV
+#      (--baseline) and the peers in turn.
 #   5. bench/report.py turns the guest's result lines into results.json,
 #      README.md (tables: median and min-max per metric and scheduler,
 #      targets) and plot.png (matplotlib, installed once into
@@ -69,13 +76,15 @@ set -uo pipefail
 CALLER_PWD=$PWD
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 2
-PEERS=(bpfland lavd)
-PEER_VERSION=1.1.4
+PEERS=(bpfland lavd cosmos)
+declare -A PEER_VERSION=([bpfland]=1.1.4 [lavd]=1.1.4 [cosmos]=1.1.7)
+VENV=${VMRUN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel/venv}
 CACHE=${BENCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel-bench}
 PEER_TIMEOUT=${BENCH_PEER_BUILD_TIMEOUT:-1800}
 
-SHORT=0 REPS="" USE_PEERS=1 TIMEOUT="" CASES="" BASELINE="" OUT="" SMP=4
-ALL_CASES=ml,latency,cost
+SHORT=0 REPS="" USE_PEERS=1 TIMEOUT="" CASES="" BASELINE="" OUT="" SMP=$(nproc)
+(( SMP > 4 )) && SMP=4
+ALL_CASES=ml,torch,latency,cost
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die() { echo "bench: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
@@ -100,7 +109,7 @@ done
 [[ $SMP =~ ^[1-9][0-9]*$ ]] || die "--smp takes a positive integer"
 PARTIAL=0
 if [ -n "$CASES" ]; then
-  [[ $CASES =~ ^(ml|latency|cost)(,(ml|latency|cost))*$ ]] || die "--cases takes a comma-separated list of ml, latency, cost"
+  [[ $CASES =~ ^(ml|torch|latency|cost)(,(ml|torch|latency|cost))*$ ]] || die "--cases takes a comma-separated list of ml, torch, latency, cost"
   for c in ${ALL_CASES//,/ }; do [[ ,$CASES, == *,$c,* ]] || PARTIAL=1; done
 else
   CASES=$ALL_CASES
@@ -171,7 +180,7 @@ T_BUILD=$((SECONDS - T_START))
 # Meta lines for report.py, in the guest's format.
 META=$OUT/host-meta.txt
 : >"$META"
-SCHEDS="eevdf zernel"
+SCHEDS="eevdf zernel zernel_gpu zernel_flat"
 ADDS=("$ROOT/target/release/scx_zernel=/usr/local/bin/scx_zernel"
       "$ROOT/target/release/zernel-workload=/usr/local/bin/zernel-workload"
       "$ROOT/tests/vm" "$ROOT/bench/guest.sh")
@@ -185,18 +194,18 @@ fi
 # build_peer NAME : make $CACHE/peers/bin/scx_NAME at PEER_VERSION exist;
 # prints the reason and returns 1 if it cannot.
 build_peer() {
-  local name=scx_$1 root=$CACHE/peers plog rc
+  local name=scx_$1 root=$CACHE/peers plog rc version=${PEER_VERSION[$1]}
   plog=$root/$name.log
   mkdir -p "$root"
   # cargo install records what it installed in .crates.toml.
-  if [ -x "$root/bin/$name" ] && grep -q "^\"$name $PEER_VERSION " "$root/.crates.toml" 2>/dev/null; then
+  if [ -x "$root/bin/$name" ] && grep -q "^\"$name $version " "$root/.crates.toml" 2>/dev/null; then
     return 0
   fi
-  log "building $name@$PEER_VERSION (once; cached in $root; log $plog)" >&2
+  log "building $name@$version (once; cached in $root; log $plog)" >&2
   # One target dir for both peers: they share most dependencies (scx_utils, libbpf-sys).
   BPF_CLANG=clang-19 LIBBPF_SYS_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu \
     CARGO_TARGET_DIR=$root/target \
-    timeout "$PEER_TIMEOUT" cargo install --locked --root "$root" "$name@$PEER_VERSION" >"$plog" 2>&1
+    timeout "$PEER_TIMEOUT" cargo install --locked --root "$root" "$name@$version" >"$plog" 2>&1
   rc=$?
   [ "$rc" -eq 0 ] && [ -x "$root/bin/$name" ] && return 0
   if [ "$rc" -eq 124 ]; then echo "build timed out after $PEER_TIMEOUT s"
@@ -214,7 +223,7 @@ if (( USE_PEERS )); then
     if reason=$(build_peer "$p"); then
       SCHEDS="$SCHEDS $p"
       ADDS+=("$CACHE/peers/bin/scx_$p=/usr/local/bin/scx_$p")
-      echo "BENCHMETA peer.$p=\"scx_$p $PEER_VERSION\"" >>"$META"
+      echo "BENCHMETA peer.$p=\"scx_$p ${PEER_VERSION[$p]}\"" >>"$META"
     else
       log "scx_$p not built: $reason"
       echo "BENCHMETA peer.$p=\"not built: ${reason//\"/\'}\"" >>"$META"
@@ -271,8 +280,8 @@ echo "# epoch busy_ticks steal_ticks qemu_ticks (CLK_TCK $(getconf CLK_TCK), $(n
 sample_host >>"$OUT/host-load.txt" 2>/dev/null &
 SAMPLER=$!
 t0=$SECONDS
-tests/vm/vmrun.sh --smp "$SMP" --mem 4G --timeout "$TIMEOUT" --console "$LOGDIR/console.log" \
-  --add "${ADDS[@]}" -- sh bench/guest.sh "${GARGS[@]}" 2>&1 | tee "$OUT/guest.log"
+tests/vm/vmrun.sh --host-root --smp "$SMP" --mem 4G --timeout "$TIMEOUT" --console "$LOGDIR/console.log" \
+  -e "ZERNEL_PYTHON=$VENV/bin/python" --add "${ADDS[@]}" -- sh bench/guest.sh "${GARGS[@]}" 2>&1 | tee "$OUT/guest.log"
 VM_RC=${PIPESTATUS[0]}
 T_VM=$((SECONDS - t0))
 kill "$SAMPLER" 2>/dev/null; wait "$SAMPLER" 2>/dev/null

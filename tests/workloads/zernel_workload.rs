@@ -8,6 +8,10 @@
 //!                 [--compute-ms 500] [--allreduce-ms 500] [--optim-ms 500]
 //!                 [--decode-ms 500] [--kernel-ms 20] [--gpu-util 100]
 //!                 [--gpu-idle-util 0] [--no-env]
+//! zernel-workload train --gpu-file PATH --steps N [--workers N] [--data-dir DIR]
+//!                 [--decode-units 400] [--optim-units 100] [--kernels 20]
+//!                 [--launch-units 2] [--allreduce-ms 0] [--gpu-util 100] ...
+//! zernel-workload calibrate [--ms 500]
 //! zernel-workload hog --name NAME --secs S [--threads N] [--busy-pct P]
 //!                 [--rename NEW --rename-when PATH] [--fifo PRIO]
 //! zernel-workload threads --count N --secs S [--wake-ms 1000] [--ml]
@@ -42,10 +46,28 @@
 //! its environment (the ML evidence a launcher would give it) unless those
 //! are set already or --no-env is given. The GPU file uses the format of
 //! scx_zernel's file GPU provider, with the trainer as the GPU process.
-//! At the end it prints one line:
+//! At the end it prints one line (cpu_secs: the CPU time of the trainer
+//! and its workers, from getrusage once the workers are reaped):
 //!
 //! ```text
-//! zernel-workload train steps=7 secs=10.02 steps_per_sec=0.699 loader_wait_p99_ms=0.8 gpu_busy_frac=0.634 workers=2
+//! zernel-workload train steps=7 secs=10.02 steps_per_sec=0.699 loader_wait_p99_ms=0.8 gpu_busy_frac=0.634 workers=2 cpu_secs=14.1
+//! ```
+//!
+//! With --secs every phase ends on a deadline (a thread that gets less CPU
+//! still ends its phase on time): the VM tests use it for phases of known
+//! length. With --steps N the work is *sized* instead, for benchmarks: the
+//! trainer runs exactly N steps and the run takes as long as the CPU it
+//! gets makes it. Work is counted in units (one checksum pass over 16 KiB;
+//! `calibrate` prints how many an idle CPU does per ms):
+//!
+//! ```text
+//!  worker, per batch: --decode-units of work, then the batch into the pipe
+//!  trainer, per step: wait for a batch
+//!                     --kernels fake-GPU kernels, one after another: a
+//!                       launch (--launch-units of work), then a wait while
+//!                       the GPU "runs" it (100 us to 1 ms, cycling)
+//!                     an all-reduce only if --allreduce-ms > 0
+//!                     optimizer: --optim-units of work, GPU idle
 //! ```
 //!
 //! # hog
@@ -118,6 +140,9 @@ fn usage() -> ! {
         "usage:\n  zernel-workload train --gpu-file PATH --secs S [--workers N] [--data-dir DIR] \
 [--compute-ms MS] [--allreduce-ms MS] [--optim-ms MS] [--decode-ms MS] [--kernel-ms MS] \
 [--gpu-util PCT] [--gpu-idle-util PCT] [--no-env]\n  \
+zernel-workload train --gpu-file PATH --steps N [--workers N] [--data-dir DIR] [--decode-units U] \
+[--optim-units U] [--kernels K] [--launch-units U] [--allreduce-ms MS] [--gpu-util PCT] [--no-env]\n  \
+zernel-workload calibrate [--ms MS]\n  \
 zernel-workload hog --name NAME --secs S [--threads N] [--busy-pct P] [--rename NEW --rename-when PATH] [--fifo PRIO]\n  \
 zernel-workload threads --count N --secs S [--wake-ms MS] [--ml]\n  \
 zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]\n  \
@@ -239,6 +264,43 @@ fn duty_cycle(until: Instant, pct: u64, mut work: impl FnMut()) {
     }
 }
 
+/// One unit of sized work: an FNV-1a checksum pass over 16 KiB of `data`
+/// (fewer bytes if it is shorter), folded into `sum`.
+fn work_unit(data: &[u8], sum: u64) -> u64 {
+    let mut sum = sum;
+    for &b in data.iter().take(16 << 10) {
+        sum = (sum ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    std::hint::black_box(sum)
+}
+
+/// `units` units of work over a fixed 16 KiB buffer.
+fn work(units: u64) {
+    static DATA: [u8; 16 << 10] = [0x5a; 16 << 10];
+    let mut sum = 0xcbf2_9ce4_8422_2325;
+    for _ in 0..units {
+        sum = work_unit(&DATA, sum);
+    }
+    std::hint::black_box(sum);
+}
+
+/// `calibrate`: units of work one thread does per ms here, measured over
+/// --ms (default 500) after a short warm-up. Run it on an idle machine.
+fn calibrate(o: &Opts) {
+    let ms = o.num("ms", 500).max(50);
+    work(50);
+    let t = Instant::now();
+    let mut units = 0u64;
+    while t.elapsed() < Duration::from_millis(ms) {
+        work(10);
+        units += 10;
+    }
+    println!(
+        "zernel-workload calibrate units_per_ms={:.2}",
+        units as f64 / (t.elapsed().as_secs_f64() * 1e3)
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(mode) = args.get(1) else { usage() };
@@ -253,6 +315,7 @@ fn main() {
         "bpf-run" => bpf_run_cmd(&Opts::parse(rest, &[])),
         "fork" => fork_cmd(&Opts::parse(rest, &["thread"])),
         "open" => open_cmd(&Opts::parse(rest, &[])),
+        "calibrate" => calibrate(&Opts::parse(rest, &[])),
         _ => usage(),
     }
 }
@@ -689,9 +752,15 @@ impl Gpu {
         }
     }
 
-    /// Launches one kernel (a short CPU burst) and waits for it.
-    fn launch_and_wait(&self, k: Duration) {
-        spin_until(Instant::now() + Duration::from_micros(200));
+    /// Launches one kernel (a short CPU burst: `launch_units` of work, or
+    /// 200 us of spinning if None) and waits for it.
+    fn launch_and_wait(&self, k: Duration, launch_units: Option<u64>) {
+        match launch_units {
+            Some(u) => work(u),
+            None => {
+                spin_until(Instant::now() + Duration::from_micros(200));
+            }
+        }
         let mut st = self.state.lock().unwrap();
         st.queue.push_back(k);
         st.submitted += 1;
@@ -786,8 +855,17 @@ fn make_data(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// A DataLoader worker: read a shard, decode it for `decode`, send a batch.
-fn worker(fd: libc::c_int, files: &[PathBuf], decode: Duration, id: usize) -> ! {
+/// How much a DataLoader worker decodes per batch.
+#[derive(Clone, Copy)]
+enum Decode {
+    /// For this long (a deadline).
+    Timed(Duration),
+    /// This many units of work.
+    Sized(u64),
+}
+
+/// A DataLoader worker: read a shard, decode it, send a batch.
+fn worker(fd: libc::c_int, files: &[PathBuf], decode: Decode, id: usize) -> ! {
     set_name("pt_data_worker");
     // SAFETY: plain libc calls on values we own.
     unsafe {
@@ -802,12 +880,20 @@ fn worker(fd: libc::c_int, files: &[PathBuf], decode: Duration, id: usize) -> ! 
             let _ = f.read_to_end(&mut data);
         }
         n += 1;
-        // "Decode": checksum passes over the shard until the budget is spent.
-        let until = Instant::now() + decode;
+        // "Decode": checksum passes over the shard, until the deadline or
+        // for the number of units.
         let mut sum: u64 = 0xcbf2_9ce4_8422_2325;
-        while Instant::now() < until {
-            for &b in data.iter().take(16 << 10) {
-                sum = (sum ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        match decode {
+            Decode::Timed(d) => {
+                let until = Instant::now() + d;
+                while Instant::now() < until {
+                    sum = work_unit(&data, sum);
+                }
+            }
+            Decode::Sized(units) => {
+                for _ in 0..units {
+                    sum = work_unit(&data, sum);
+                }
             }
         }
         let mut batch = [0u8; BATCH];
@@ -819,6 +905,17 @@ fn worker(fd: libc::c_int, files: &[PathBuf], decode: Duration, id: usize) -> ! 
             unsafe { libc::_exit(0) };
         }
     }
+}
+
+/// User + system CPU seconds of getrusage(`who`).
+fn cpu_secs(who: libc::c_int) -> f64 {
+    // SAFETY: getrusage fills the struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 fn read_batch(fd: libc::c_int) -> bool {
@@ -844,10 +941,20 @@ fn train(o: &Opts) {
     }
     let Some(gpu_file) = o.str("gpu-file").map(PathBuf::from) else { usage() };
     let secs = o.num("secs", 10);
+    // --steps N: sized work (see the module doc).
+    let sized = o.str("steps").map(|_| o.num("steps", 0).max(1));
     let workers = o.num("workers", 2).clamp(1, 64) as usize;
     let ms = |k, d| Duration::from_millis(o.num(k, d));
-    let (compute, allreduce, optim) = (ms("compute-ms", 500), ms("allreduce-ms", 500), ms("optim-ms", 500));
-    let (decode, kernel) = (ms("decode-ms", 500), ms("kernel-ms", 20).max(Duration::from_millis(1)));
+    let allreduce_default = if sized.is_some() { 0 } else { 500 };
+    let (compute, allreduce, optim) =
+        (ms("compute-ms", 500), ms("allreduce-ms", allreduce_default), ms("optim-ms", 500));
+    let kernel = ms("kernel-ms", 20).max(Duration::from_millis(1));
+    let decode = match sized {
+        Some(_) => Decode::Sized(o.num("decode-units", 400)),
+        None => Decode::Timed(ms("decode-ms", 500)),
+    };
+    let (optim_units, kernels, launch_units) =
+        (o.num("optim-units", 100), o.num("kernels", 20), o.num("launch-units", 2));
     let pid = std::process::id();
     let data_dir = o
         .str("data-dir")
@@ -916,21 +1023,40 @@ fn train(o: &Opts) {
     let until = start + Duration::from_secs(secs);
     let mut loader_waits = Vec::new();
     let mut steps = 0u64;
-    while Instant::now() < until {
+    let more = |steps: u64| match sized {
+        Some(n) => steps < n,
+        None => Instant::now() < until,
+    };
+    while more(steps) {
         let t = Instant::now();
         if !read_batch(fds[0]) {
             break;
         }
         loader_waits.push(t.elapsed());
-        let end = Instant::now() + compute;
-        while Instant::now() < end {
-            gpu.launch_and_wait(kernel);
+        if sized.is_some() {
+            // Kernels of 100 us to 1 ms, in a fixed cycle.
+            for i in 0..kernels {
+                let k = Duration::from_micros(100 + (i * 7 % 10) * 100);
+                gpu.launch_and_wait(k, Some(launch_units));
+            }
+        } else {
+            let end = Instant::now() + compute;
+            while Instant::now() < end {
+                gpu.launch_and_wait(kernel, None);
+            }
         }
-        gpu.hold(true);
-        nccl.all_reduce(allreduce);
-        gpu.hold(false);
+        if !allreduce.is_zero() {
+            gpu.hold(true);
+            nccl.all_reduce(allreduce);
+            gpu.hold(false);
+        }
         // Optimizer: CPU-bound, the GPU goes idle 5 ms in.
-        spin_until(Instant::now() + optim);
+        match sized {
+            Some(_) => work(optim_units),
+            None => {
+                spin_until(Instant::now() + optim);
+            }
+        }
         steps += 1;
     }
     let elapsed = start.elapsed();
@@ -966,9 +1092,10 @@ fn train(o: &Opts) {
     let busy = gpu.state.lock().unwrap().busy_total;
     let secs_f = elapsed.as_secs_f64();
     println!(
-        "zernel-workload train steps={steps} secs={secs_f:.2} steps_per_sec={:.3} loader_wait_p99_ms={:.1} gpu_busy_frac={:.3} workers={workers}",
+        "zernel-workload train steps={steps} secs={secs_f:.2} steps_per_sec={:.3} loader_wait_p99_ms={:.1} gpu_busy_frac={:.3} workers={workers} cpu_secs={:.2}",
         steps as f64 / secs_f.max(1e-9),
         p99.as_secs_f64() * 1e3,
         busy.as_secs_f64() / secs_f.max(1e-9),
+        cpu_secs(libc::RUSAGE_SELF) + cpu_secs(libc::RUSAGE_CHILDREN),
     );
 }
