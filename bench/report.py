@@ -19,12 +19,17 @@ each measurement window (BENCHWIN) becomes a metric of its own.
 Every metric is summarised per scheduler as its median and its spread
 (min-max) over the repetitions. Ratios to EEVDF are paired by repetition
 (rep k of a scheduler over rep k of EEVDF, both from the same boot), so a slow
-phase of the host weighs on both sides of a ratio. The plot needs matplotlib;
-without it everything else is still written.
+phase of the host weighs on both sides of a ratio. Ratios of a workload with
+hogs over itself alone pair a scheduler's own reps the same way. The targets
+are judged for scx_zernel (zernel) and scx_zernel given GPU data (zernel_gpu);
+a metric the run did not produce (a case, scheduler or tool left out) makes its
+target "not measured", and any subset of schedulers, cases and reps renders.
+The plot needs matplotlib; without it everything else is still written.
 """
 
 import argparse
 import json
+import math
 import re
 import shlex
 import statistics
@@ -32,12 +37,22 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-SCHED_LABEL = {"eevdf": "EEVDF", "zernel": "scx_zernel", "zernel_base": "scx_zernel @base",
-               "bpfland": "scx_bpfland", "lavd": "scx_lavd"}
-ORDER = ["eevdf", "zernel", "zernel_base", "bpfland", "lavd"]
+SCHED_LABEL = {"eevdf": "EEVDF", "zernel": "scx_zernel", "zernel_gpu": "scx_zernel + GPU data",
+               "zernel_flat": "scx_zernel, flat policy", "zernel_base": "scx_zernel @base",
+               "bpfland": "scx_bpfland", "lavd": "scx_lavd", "cosmos": "scx_cosmos"}
+ORDER = ["eevdf", "zernel", "zernel_gpu", "zernel_flat", "zernel_base", "bpfland", "lavd", "cosmos"]
+# The schedulers scx_zernel is measured against ("ahead of every peer"); the
+# other zernel_* are builds or configurations of scx_zernel itself.
+PEERS = ["eevdf", "bpfland", "lavd", "cosmos"]
+# The configurations of scx_zernel the targets judge.
+CANDIDATES = ["zernel", "zernel_gpu"]
 # BPF cost per scheduling event of scx_zernel over its build at the baseline
 # commit (bench/run.sh --baseline): the bound on the ratio of their medians.
 EVENT_RATIO_BOUND = 1.05
+
+
+def label(s):
+    return SCHED_LABEL.get(s, f"scx_{s}")
 
 
 # ---- reading ----------------------------------------------------------------------------
@@ -53,15 +68,22 @@ def parse(paths):
                     value = float(m[4])
                 except ValueError:
                     continue
+                if not math.isfinite(value):
+                    continue
                 runs.append({"sched": m[1], "rep": int(m[2]), "metric": m[3], "value": value})
             elif line.startswith("BENCHMETA "):
                 try:
                     words = shlex.split(line[len("BENCHMETA "):])
                 except ValueError:
                     words = line.split()[1:]
+                first = None
                 for w in words:
                     k, _, v = w.partition("=")
                     meta[k] = v
+                    # "torch=unavailable reason=...": the reason is the first key's.
+                    if k == "reason" and first:
+                        meta[f"{first}.reason"] = v
+                    first = first or k
             elif m := win.match(line):
                 windows.append({"sched": m[1], "rep": int(m[2]), "case": m[3], "start": int(m[4]),
                                 "end": int(m[5])})
@@ -116,6 +138,7 @@ class Data:
             self.v[(r["sched"], r["metric"])][r["rep"]] = r["value"]
         self.scheds = [s for s in ORDER if any(k[0] == s for k in self.v)]
         self.scheds += sorted({k[0] for k in self.v} - set(self.scheds))
+        self.derived = set()   # (sched, metric) keys that derive() made
         self.derive()
 
     def get(self, sched, metric):
@@ -123,6 +146,7 @@ class Data:
 
     def put(self, sched, metric, rep, value):
         self.v[(sched, metric)][rep] = value
+        self.derived.add((sched, metric))
 
     def ratio(self, out, s, num, den_sched, den):
         """out[rep] = num(s, rep) / den(den_sched, rep), paired by rep."""
@@ -133,23 +157,83 @@ class Data:
 
     def derive(self):
         for s in self.scheds:
-            self.ratio("ml_con_over_iso", s, "ml_con_steps_per_sec", s, "ml_iso_steps_per_sec")
-            self.ratio("ml_iso_over_eevdf_iso", s, "ml_iso_steps_per_sec", "eevdf", "ml_iso_steps_per_sec")
-            self.ratio("ml_con_over_eevdf_iso", s, "ml_con_steps_per_sec", "eevdf", "ml_iso_steps_per_sec")
-            self.ratio("ml_cpu_con_over_iso", s, "ml_con_cpu", s, "ml_iso_cpu")
-            self.ratio("cyclictest_avg_over_eevdf", s, "cyclictest_avg_us", "eevdf", "cyclictest_avg_us")
-            self.ratio("hogs_bogo_over_eevdf", s, "hogs_bogo_ops_per_s", "eevdf", "hogs_bogo_ops_per_s")
-            self.ratio("cyclictest_p99_over_eevdf", s, "cyclictest_p99_us", "eevdf", "cyclictest_p99_us")
-            self.ratio("cyclictest_max_over_eevdf", s, "cyclictest_max_us", "eevdf", "cyclictest_max_us")
-            self.ratio("messaging_over_eevdf", s, "messaging_secs", "eevdf", "messaging_secs")
-            self.ratio("bpf_ns_over_bpfland", s, "bpf_ns_avg", "bpfland", "bpf_ns_avg")
+            r = self.ratio
+            # The sized ML pipeline.
+            r("ml_con_over_iso", s, "ml_con_steps_per_sec", s, "ml_iso_steps_per_sec")
+            r("ml_iso_over_eevdf_iso", s, "ml_iso_steps_per_sec", "eevdf", "ml_iso_steps_per_sec")
+            r("ml_con_over_eevdf_iso", s, "ml_con_steps_per_sec", "eevdf", "ml_iso_steps_per_sec")
+            r("ml_con_over_eevdf_con", s, "ml_con_steps_per_sec", "eevdf", "ml_con_steps_per_sec")
+            r("ml_cpu_con_over_iso", s, "ml_con_cpu", s, "ml_iso_cpu")
+            r("hogs_cpu_over_eevdf", s, "hogs_cpu", "eevdf", "hogs_cpu")
+            r("hogs_bogo_over_eevdf", s, "hogs_bogo_ops_per_s", "eevdf", "hogs_bogo_ops_per_s")
+            # Real PyTorch: training, inference.
+            r("torch_train_con_over_iso", s, "torch_train_con_steps_per_sec", s, "torch_train_iso_steps_per_sec")
+            r("torch_train_iso_over_eevdf_iso", s, "torch_train_iso_steps_per_sec",
+              "eevdf", "torch_train_iso_steps_per_sec")
+            r("torch_train_con_over_eevdf_con", s, "torch_train_con_steps_per_sec",
+              "eevdf", "torch_train_con_steps_per_sec")
+            r("torch_train_cpu_con_over_iso", s, "torch_train_con_cpu", s, "torch_train_iso_cpu")
+            r("torch_train_hogs_cpu_over_eevdf", s, "torch_train_hogs_cpu", "eevdf", "torch_train_hogs_cpu")
+            r("torch_infer_p99_con_over_iso", s, "torch_infer_con_p99_ms", s, "torch_infer_iso_p99_ms")
+            r("torch_infer_p50_con_over_iso", s, "torch_infer_con_p50_ms", s, "torch_infer_iso_p50_ms")
+            r("torch_infer_rps_con_over_iso", s, "torch_infer_con_rps", s, "torch_infer_iso_rps")
+            r("torch_infer_p99_con_over_eevdf_con", s, "torch_infer_con_p99_ms", "eevdf", "torch_infer_con_p99_ms")
+            r("torch_infer_rps_con_over_eevdf_con", s, "torch_infer_con_rps", "eevdf", "torch_infer_con_rps")
+            r("torch_infer_hogs_cpu_over_eevdf", s, "torch_infer_hogs_cpu", "eevdf", "torch_infer_hogs_cpu")
+            # General latency.
+            r("cyclictest_avg_over_eevdf", s, "cyclictest_avg_us", "eevdf", "cyclictest_avg_us")
+            r("cyclictest_p99_over_eevdf", s, "cyclictest_p99_us", "eevdf", "cyclictest_p99_us")
+            r("cyclictest_max_over_eevdf", s, "cyclictest_max_us", "eevdf", "cyclictest_max_us")
+            r("messaging_over_eevdf", s, "messaging_secs", "eevdf", "messaging_secs")
+            r("schbench_p99_over_eevdf", s, "schbench_p99_us", "eevdf", "schbench_p99_us")
+            r("schbench_rps_over_eevdf", s, "schbench_rps", "eevdf", "schbench_rps")
+            # Cost.
+            r("bpf_ns_over_bpfland", s, "bpf_ns_avg", "bpfland", "bpf_ns_avg")
+            r("bpf_ns_per_event_over_bpfland", s, "bpf_ns_per_event", "bpfland", "bpf_ns_per_event")
+            insns = defaultdict(float)
+            for (ss, m), vals in list(self.v.items()):
+                if ss == s and m.startswith("bpf_verified_insns."):
+                    for rep, x in vals.items():
+                        insns[rep] += x
+            for rep, x in insns.items():
+                self.put(s, "bpf_verified_insns_total", rep, x)
         self.ratio("bpf_ns_per_event_over_base", "zernel", "bpf_ns_per_event", "zernel_base", "bpf_ns_per_event")
+        # The phase policy's gain: scx_zernel (and with GPU data) over its flat
+        # policy, same rep, for the contended ML figures.
+        for s in ("zernel", "zernel_gpu"):
+            for out, m, _, _ in FLAT_GAIN:
+                self.ratio(out, s, m, "zernel_flat", m)
 
     def summary(self, sched, metric):
         vals = list(self.get(sched, metric).values())
         if not vals:
             return None
         return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+    def median(self, sched, metric):
+        summ = self.summary(sched, metric)
+        return summ["median"] if summ else None
+
+
+# The phase policy's gain (scx_zernel ÷ its flat policy, same rep):
+# (derived metric, measured metric).
+# (derived metric, measured metric, row label, how to read it)
+FLAT_GAIN = [
+    ("ml_con_over_flat", "ml_con_steps_per_sec", "sized ML pipeline: steps/s with hogs",
+     "above 1: the phase policy earns throughput"),
+    ("ml_iso_over_flat", "ml_iso_steps_per_sec", "sized ML pipeline: steps/s alone",
+     "about 1 expected: idle vCPUs leave nothing to win"),
+    ("hogs_cpu_over_flat", "hogs_cpu", "hogs' CPU beside the sized ML pipeline",
+     "below 1: the hogs pay for the gain"),
+    ("torch_train_con_over_flat", "torch_train_con_steps_per_sec", "PyTorch training: steps/s with hogs",
+     "above 1: the phase policy earns throughput"),
+    ("torch_train_hogs_cpu_over_flat", "torch_train_hogs_cpu", "hogs' CPU beside PyTorch training",
+     "below 1: the hogs pay for the gain"),
+    ("torch_infer_p99_con_over_flat", "torch_infer_con_p99_ms", "PyTorch inference: p99 latency with hogs",
+     "below 1: the phase policy earns latency"),
+    ("torch_infer_rps_con_over_flat", "torch_infer_con_rps", "PyTorch inference: requests/s with hogs",
+     "above 1: the phase policy earns throughput"),
+]
 
 
 # ---- formatting ---------------------------------------------------------------------------
@@ -179,26 +263,47 @@ def cell(summ):
 
 
 def table(d, rows, scheds):
-    """rows: (metric, label). Columns: the schedulers."""
-    out = ["| metric | " + " | ".join(SCHED_LABEL.get(s, s) for s in scheds) + " |",
+    """rows: (metric, label), or (None, label) for a group heading (shown if a
+    row of its group is). Columns: the schedulers. Rows with no value at all
+    are left out; a table left with no row is one sentence instead."""
+    out = ["| metric | " + " | ".join(label(s) for s in scheds) + " |",
            "|---|" + "---|" * len(scheds)]
-    for metric, label in rows:
+    heading = None
+    for metric, text in rows:
+        if metric is None:
+            heading = f"| **{text}** |" + " |" * len(scheds)
+            continue
         cells = [cell(d.summary(s, metric)) for s in scheds]
         if all(c == "–" for c in cells):
             continue
-        out.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(out)
+        if heading:
+            out.append(heading)
+            heading = None
+        out.append(f"| {text} | " + " | ".join(cells) + " |")
+    return "\n".join(out) if len(out) > 2 else "No values in this run."
 
 
 # ---- targets ------------------------------------------------------------------------------
-# (label, metric, kind, bound, unit): kind "ge" = measured >= bound passes.
+# (label, metric, kind, bound, unit, case, ahead): kind "ge" = measured >= bound
+# passes; case: the bench case that measures it; ahead: also judged against
+# every peer (its median better than each peer's median of the same metric).
 TARGETS = [
-    ("ML throughput with 2x oversubscription ÷ isolated", "ml_con_over_iso", "ge", 0.95, ""),
-    ("hogs' CPU ÷ CPU the ML job leaves idle", "hogs_share_of_idle", "ge", 0.90, ""),
-    ("cyclictest p99 ÷ EEVDF's (same rep)", "cyclictest_p99_over_eevdf", "le", 1.2, "×"),
-    ("average ns per BPF call (all struct_ops programs, ML + hogs run)", "bpf_ns_avg", "le", 200, " ns"),
-    ("scheduler process CPU, {threads} ML threads", "sched_cpu_pct_ml_threads", "le", 1.0, " %"),
-    ("scheduler process CPU, {threads} non-ML threads", "sched_cpu_pct_plain_threads", "le", 1.0, " %"),
+    ("sized ML pipeline: steps/s with 2x oversubscription ÷ isolated", "ml_con_over_iso", "ge", 0.95, "",
+     "ml", True),
+    ("hogs' CPU ÷ CPU the sized ML pipeline leaves idle", "hogs_share_of_idle", "ge", 0.90, "", "ml", False),
+    ("real PyTorch training: steps/s with hogs ÷ isolated", "torch_train_con_over_iso", "ge", 0.95, "",
+     "torch", True),
+    ("hogs' CPU ÷ CPU the PyTorch training leaves idle", "torch_train_hogs_share_of_idle", "ge", 0.90, "",
+     "torch", False),
+    ("real PyTorch inference: p99 latency with hogs ÷ isolated", "torch_infer_p99_con_over_iso", "le", 1.5,
+     "×", "torch", True),
+    ("cyclictest p99 ÷ EEVDF's (same rep)", "cyclictest_p99_over_eevdf", "le", 1.0, "×", "latency", False),
+    ("messaging time ÷ EEVDF's (same rep)", "messaging_over_eevdf", "le", 1.0, "×", "latency", False),
+    ("BPF ns per scheduling event ÷ scx_bpfland's (same rep)", "bpf_ns_per_event_over_bpfland", "le", 1.0, "×",
+     "ml", False),
+    ("scheduler process CPU, {threads} ML threads", "sched_cpu_pct_ml_threads", "le", 1.0, " %", "cost", False),
+    ("scheduler process CPU, {threads} non-ML threads", "sched_cpu_pct_plain_threads", "le", 1.0, " %", "cost",
+     False),
 ]
 # Metrics whose absolute value is CPU time, to be scaled by the calibration factor.
 CPU_TIME_METRICS = {"bpf_ns_avg", "sched_cpu_pct_ml_threads", "sched_cpu_pct_plain_threads"}
@@ -240,47 +345,114 @@ def event_ratio(d):
     return a["median"] / b["median"]
 
 
-def targets(d, factor, short, threads):
+def why_missing(d, meta, metric, case):
+    """Why a target's metric has no value: a short reason."""
+    cases = meta.get("cases")
+    if cases and case not in cases.split(","):
+        return f"case {case} not run"
+    if case == "torch" and meta.get("torch") == "unavailable":
+        return "PyTorch unavailable" + (f": {meta['torch.reason']}" if meta.get("torch.reason") else "")
+    for other in ("eevdf", "bpfland"):
+        if metric.endswith(f"_over_{other}") and other not in d.scheds:
+            status = meta.get(f"peer.{other}", "")
+            return f"{label(other)} not measured" + (f" ({status})" if status.startswith("not ") else "")
+    return "no value in this run"
+
+
+def ahead(d, cand, metric, kind):
+    """Is cand's median of metric better than every peer's? (met, text, others),
+    met None if no peer has a value."""
+    x = d.median(cand, metric)
+    have = [(p, d.median(p, metric)) for p in PEERS if d.median(p, metric) is not None]
+    absent = [label(p) for p in PEERS if d.median(p, metric) is None]
+    others = ", ".join(f"{label(p)} {fmt(v)}" for p, v in have)
+    if absent and have:
+        others += "; not measured: " + ", ".join(absent)
+    if x is None or not have:
+        return None, "", others or "–"
+    names = [label(p) for p, _ in have]
+    only = (f"; against {', '.join(names[:-1]) + ' and ' if len(names) > 1 else ''}{names[-1]} only"
+            if absent else "")
+    better = (lambda a, b: a > b) if kind == "ge" else (lambda a, b: a < b)
+    behind = [(p, v) for p, v in have if not better(x, v)]
+    if behind:
+        text = "; ".join(f"{label(p)} ahead: {fmt(v)}, {rel(v, x)} {label(cand)}'s"
+                         for p, v in sorted(behind, key=lambda pv: -pv[1] if kind == "ge" else pv[1]))
+        return False, text + only, others
+    near_p, near_v = max(have, key=lambda pv: pv[1]) if kind == "ge" else min(have, key=lambda pv: pv[1])
+    return True, f"{rel(x, near_v)} the nearest peer's, {label(near_p)} ({fmt(near_v)}){only}", others
+
+
+def rel(a, b):
+    """a against b in words: "2.2 % above", "1.0 % below", "equal to"."""
+    if not b or a == b:
+        return "equal to" if a == b else "against"
+    return f"{abs(a / b - 1) * 100:.1f} % {'above' if a > b else 'below'}"
+
+
+def targets(d, meta, cand, factor, short, threads):
+    """The targets table of scheduler cand: (markdown, records)."""
     rows, records = [], []
-    x = event_ratio(d)
+    x = event_ratio(d) if cand == "zernel" else None
     if x is not None:
         base = SCHED_LABEL["zernel_base"]
-        label = f"BPF ns per scheduling event ÷ {base}'s (ratio of medians, same boot)"
+        text = f"BPF ns per scheduling event ÷ {base}'s (ratio of medians, same boot)"
         ok, _ = judge("le", EVENT_RATIO_BOUND, x)
         miss = f"{pct(x)}, bound {pct(EVENT_RATIO_BOUND)}"
         paired = d.summary("zernel", "bpf_ns_per_event_over_base")
-        rows.append(f"| {label} | ≤ {EVENT_RATIO_BOUND:.2f}× | {x:.3f}× ({pct(x)}) | {verdict(ok, miss, short)} | "
+        rows.append(f"| {text} | ≤ {EVENT_RATIO_BOUND:.2f}× | {x:.3f}× ({pct(x)}) | {verdict(ok, miss, short)} | "
                     f"paired by rep: {cell(paired)}× |")
-        records.append({"target": label, "metric": "bpf_ns_per_event_over_base", "bound": EVENT_RATIO_BOUND,
+        records.append({"target": text, "metric": "bpf_ns_per_event_over_base", "bound": EVENT_RATIO_BOUND,
                         "kind": "le", "measured": x, "met": ok, "miss": miss})
-    for label, metric, kind, bound, unit in TARGETS:
-        label = label.format(threads=threads)
-        summ = d.summary("zernel", metric)
+    for text, metric, kind, bound, unit, case, vs_peers in TARGETS:
+        text = text.format(threads=threads)
+        summ = d.summary(cand, metric)
         x = summ["median"] if summ else None
-        if x is None and metric not in {m for (_, m) in d.v}:
-            continue   # a case this run left out
         ok, miss = judge(kind, bound, x)
-        rec = {"target": label, "metric": metric, "bound": bound, "kind": kind,
+        rec = {"target": text, "metric": metric, "bound": bound, "kind": kind,
                "measured": x, "met": ok, "miss": miss}
-        text = verdict(ok, miss, short)
+        if x is None:
+            rec["not_measured"] = why_missing(d, meta, metric, case)
+            verdict_text = f"not measured: {rec['not_measured']}"
+        else:
+            verdict_text = verdict(ok, miss, short)
         if metric in CPU_TIME_METRICS and x is not None:
             # An absolute CPU time measured under TCG: judged as measured, and
             # again scaled by the emulation factor (a rough native estimate).
-            text = "as measured under TCG: " + text
+            verdict_text = "as measured under TCG: " + verdict_text
             if factor:
                 est = x / factor
                 eok, emiss = judge(kind, bound, est)
                 rec.update({"native_estimate": est, "native_estimate_met": eok})
-                text += f"; rough native estimate ≈ {fmt(est)}{unit}: {verdict(eok, emiss, short)}"
-        peers = ", ".join(
-            f"{SCHED_LABEL[s]} {fmt(d.summary(s, metric)['median'])}"
-            for s in d.scheds if s != "zernel" and d.summary(s, metric))
-        rows.append(f"| {label} | {'≥' if kind == 'ge' else '≤'} {fmt(bound)}{unit} | "
-                    f"{cell(summ)}{unit if summ else ''} | {text} | {peers or '–'} |")
+                verdict_text += f"; rough native estimate ≈ {fmt(est)}{unit}: {verdict(eok, emiss, short)}"
+        others = ", ".join(f"{label(s)} {fmt(d.median(s, metric))}"
+                           for s in d.scheds if s != cand and d.summary(s, metric))
+        rows.append(f"| {text} | {'≥' if kind == 'ge' else '≤'} {fmt(bound)}{unit} | "
+                    f"{cell(summ)}{unit if summ else ''} | {verdict_text} | {others or '–'} |")
         records.append(rec)
-    head = ["| target (scx_zernel) | bound | measured: median (min–max) | met? | others, median |",
+        if vs_peers:
+            aok, atext, others = ahead(d, cand, metric, kind)
+            word = "higher" if kind == "ge" else "lower"
+            arec = {"target": f"{text}: ahead of every peer", "metric": metric, "kind": f"ahead_{kind}",
+                    "bound": "every peer's median", "measured": x, "met": aok, "miss": "" if aok else atext,
+                    "peers": {p: d.median(p, metric) for p in PEERS}}
+            if aok is None:
+                arec["not_measured"] = (why_missing(d, meta, metric, case) if x is None
+                                        else "no peer measured")
+                atext = f"not measured: {arec['not_measured']}"
+            elif short:
+                atext = ("yes" if aok else "no") + f" ({atext}; --short: not meaningful)"
+            else:
+                atext = f"**yes**: {atext}" if aok else f"**no**: {atext}"
+            rows.append(f"| … and ahead of every peer (same ratio, median) | {word} than every peer's median | "
+                        f"{fmt(x) if x is not None else '–'}{unit if x is not None else ''} | {atext} | {others} |")
+            records.append(arec)
+    head = [f"| target ({label(cand)}) | bound | measured: median (min–max) | met? | others, median |",
             "|---|---|---|---|---|"]
-    return "\n".join(head + rows), records
+    measured = [r for r in records if r["met"] is not None]
+    tally = (f"{label(cand)}: {sum(1 for r in measured if r['met'])} of {len(measured)} measured targets met"
+             + (f"; {len(records) - len(measured)} not measured" if len(records) > len(measured) else "") + ".")
+    return "\n".join(head + rows) + "\n\n" + tally, records
 
 
 # ---- the plot -------------------------------------------------------------------------------
@@ -293,41 +465,63 @@ def plot(d, path, meta):
     except ImportError:
         print("report: matplotlib not available: no plot", file=sys.stderr)
         return False
-    colors = {"eevdf": "#7f7f7f", "zernel": "#d62728", "zernel_base": "#ff9896", "bpfland": "#1f77b4",
-              "lavd": "#2ca02c"}
+    colors = {"eevdf": "#7f7f7f", "zernel": "#d62728", "zernel_gpu": "#8c1c13", "zernel_flat": "#f7b6d2",
+              "zernel_base": "#ff9896", "bpfland": "#1f77b4", "lavd": "#2ca02c", "cosmos": "#ff7f0e"}
+    short_label = {"eevdf": "EEVDF", "zernel": "zernel", "zernel_gpu": "zernel\n+GPU data",
+                   "zernel_flat": "zernel\nflat", "zernel_base": "zernel\n@base", "bpfland": "bpfland",
+                   "lavd": "lavd", "cosmos": "cosmos"}
     hatches = ["", "///", "..."]
     n_thr = meta.get("threads", "?")
     vcpus = meta.get("vcpus", "?")
     hogs = 2 * int(vcpus) if vcpus.isdigit() else "?"
     # (title, [(metric, series label)], target (kind, bound) or None, log scale)
     panels = [
-        (f"Training steps/s with {hogs} CPU hogs\n÷ alone, same scheduler (higher is better)",
+        (f"Sized ML pipeline: steps/s with {hogs} CPU hogs\n÷ alone, same scheduler (higher is better)",
          [("ml_con_over_iso", None)], ("ge", 0.95), False),
-        ("Training steps/s ÷ EEVDF alone\n(higher is better)",
-         [("ml_iso_over_eevdf_iso", "alone"), ("ml_con_over_eevdf_iso", "with hogs")], None, False),
+        ("PyTorch training: steps/s with hogs\n÷ alone, same scheduler (higher is better)",
+         [("torch_train_con_over_iso", None)], ("ge", 0.95), False),
+        ("PyTorch inference: p99 latency with hogs\n÷ alone, same scheduler (lower is better)",
+         [("torch_infer_p99_con_over_iso", None)], ("le", 1.5), False),
+        ("Steps/s with hogs ÷ EEVDF's with hogs\n(higher is better)",
+         [("ml_con_over_eevdf_con", "sized ML pipeline"), ("torch_train_con_over_eevdf_con", "PyTorch training")],
+         None, False),
         ("CPU the ML job got with hogs ÷ alone\n(higher = ML job kept its CPU)",
-         [("ml_cpu_con_over_iso", None)], None, False),
+         [("ml_cpu_con_over_iso", "sized ML pipeline"), ("torch_train_cpu_con_over_iso", "PyTorch training")],
+         None, False),
         ("Hogs' CPU ÷ CPU left idle by the ML job\n(higher is better)",
-         [("hogs_share_of_idle", None)], ("ge", 0.90), False),
+         [("hogs_share_of_idle", "sized ML pipeline"), ("torch_train_hogs_share_of_idle", "PyTorch training")],
+         ("ge", 0.90), False),
         (f"cyclictest under {vcpus} hogs ÷ EEVDF\n(lower is better)",
          [("cyclictest_p99_over_eevdf", "p99"), ("cyclictest_max_over_eevdf", "max"),
-          ("cyclictest_avg_over_eevdf", "average")], ("le", 1.2), False),
-        (f"{meta.get('messaging_tool', 'messaging')} messaging time ÷ EEVDF\n(lower is better)",
-         [("messaging_over_eevdf", None)], None, False),
+          ("cyclictest_avg_over_eevdf", "average")], ("le", 1.0), False),
+        ("Messaging time, schbench p99 ÷ EEVDF's\n(lower is better)",
+         [("messaging_over_eevdf", f"{meta.get('messaging_tool', 'messaging')} messaging"),
+          ("schbench_p99_over_eevdf", "schbench p99")], ("le", 1.0), False),
         ("BPF ns, ML + hogs run\n(lower is better; TCG-inflated, log scale)",
          [("bpf_ns_avg", "per struct_ops call"), ("bpf_ns_per_event", "per scheduling event")],
-         ("le", 200), True),
+         None, True),
         ("Scheduler process CPU, % of one vCPU\n(lower is better; TCG-inflated)",
          [("sched_cpu_pct_ml_threads", f"{n_thr} ML threads"),
           ("sched_cpu_pct_plain_threads", f"{n_thr} threads"),
           ("sched_cpu_pct_ml_load", "ML + hogs run")], ("le", 1.0), False),
+        ("BPF instructions processed by the verifier\n(all programs; lower = simpler)",
+         [("bpf_verified_insns_total", None)], None, False),
     ]
-    fig, axes = plt.subplots(2, 4, figsize=(18, 8.5), layout="constrained")
+    panels = [pn for pn in panels if any(d.summary(s, m) for s in d.scheds for m, _ in pn[1])]
+    if not panels:
+        return False
+    ncols = min(4, len(panels))
+    nrows = (len(panels) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 4.4 * nrows), layout="constrained",
+                             squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
     for ax, (title, series, target, logy) in zip(axes.flat, panels):
         scheds = [s for s in d.scheds if any(d.summary(s, m) for m, _ in series)]
+        series = [(m, lbl) for m, lbl in series if any(d.summary(s, m) for s in scheds)]
         width = 0.8 / max(1, len(series))
-        handles = []
-        for i, (metric, label) in enumerate(series):
+        handles, low = [], []
+        for i, (metric, lbl) in enumerate(series):
             xs, ys, lo, hi, cs = [], [], [], [], []
             for j, s in enumerate(scheds):
                 summ = d.summary(s, metric)
@@ -338,15 +532,19 @@ def plot(d, path, meta):
                 lo.append(summ["median"] - summ["min"])
                 hi.append(summ["max"] - summ["median"])
                 cs.append(colors.get(s, "#9467bd"))
+                if summ["min"] > 0:
+                    low.append(summ["min"])
             bars = ax.bar(xs, ys, width * 0.9, yerr=[lo, hi], capsize=3, color=cs,
                           hatch=hatches[i % len(hatches)], edgecolor="black", linewidth=0.5)
             # The median's value, above the whisker.
+            n_bars = len(series) * len(scheds)
             for b, y, h in zip(bars, ys, hi):
                 ax.annotate(fmt(y), (b.get_x() + b.get_width() / 2, y + h), ha="center", va="bottom",
-                            fontsize=7 if len(series) < 3 else 6, xytext=(0, 2), textcoords="offset points")
-            if label:
+                            fontsize=7 if n_bars <= 10 else 6 if n_bars <= 16 else 5,
+                            xytext=(0, 2), textcoords="offset points")
+            if lbl:
                 handles.append(matplotlib.patches.Patch(facecolor="white", edgecolor="black",
-                                                        hatch=hatches[i % len(hatches)], label=label))
+                                                        hatch=hatches[i % len(hatches)], label=lbl))
         if target:
             handles.append(ax.axhline(target[1], color="black", linestyle="--", linewidth=1,
                                       label=f"target {'≥' if target[0] == 'ge' else '≤'} {fmt(target[1])}"))
@@ -356,14 +554,15 @@ def plot(d, path, meta):
         top = max([ax.get_ylim()[1]] + [target[1] if target else 0])
         if logy:
             ax.set_yscale("log")
-            ax.set_ylim(top=top * 8)
+            ax.set_ylim(bottom=min(low) / 4 if low else None, top=top * 8)
         else:
             ax.set_ylim(0, top * 1.3)
+            ax.ticklabel_format(axis="y", style="plain", useOffset=False)
         if handles:
-            ax.legend(handles=handles, fontsize=7, loc="upper center", ncol=len(handles),
+            ax.legend(handles=handles, fontsize=7, loc="upper center", ncol=min(3, len(handles)),
                       handlelength=1.6, columnspacing=1.0, frameon=False)
         ax.set_xticks(range(len(scheds)))
-        ax.set_xticklabels([SCHED_LABEL.get(s, s) for s in scheds], fontsize=8)
+        ax.set_xticklabels([short_label.get(s, s) for s in scheds], fontsize=7.5)
         ax.set_title(title, fontsize=9.5)
         ax.tick_params(axis="y", labelsize=8)
     reps = meta.get("reps", "?")
@@ -371,8 +570,8 @@ def plot(d, path, meta):
         f"scx_zernel vs EEVDF and peers, one VM boot ({meta.get('vcpus', '?')} vCPUs, "
         f"{meta.get('accel', 'tcg').upper()}, kernel {meta.get('kernel', '?')}), {reps} rep(s): "
         "bars = median, whiskers = min–max.\nUnder TCG emulation absolute times mean nothing; "
-        "ratios to EEVDF in the same boot do.", fontsize=10.5)
-    fig.savefig(path, dpi=110)
+        "ratios in the same boot do.", fontsize=10.5)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
 
@@ -415,16 +614,30 @@ def main():
     threads = meta.get("threads", "?")
     if threads.isdigit():
         threads = f"{int(threads):,}"
-    target_md, target_recs = targets(d, factor, short, threads)
+    target_mds, target_recs = {}, {}
+    for c in CANDIDATES:
+        if c in d.scheds:
+            target_mds[c], target_recs[c] = targets(d, meta, c, factor, short, threads)
     scheds = d.scheds
-    peers = {p: meta.get(f"peer.{p}", "?") for p in ("bpfland", "lavd")}
+    peers = {k.split(".", 1)[1]: v for k, v in meta.items() if k.startswith("peer.")}
     for p, status in peers.items():
         if status.startswith("not built") or status.startswith("not run"):
             notes.append(f"sched={p}: {status}")
 
+    # Verifier complexity: instructions processed per program (max over reps).
+    ver = {}
+    for (s, m), vals in d.v.items():
+        if m.startswith("bpf_verified_insns.") and vals:
+            ver.setdefault(s, {})[m.split(".", 1)[1]] = max(vals.values())
+    ver_scheds = [s for s in scheds if s in ver]
+    ver_varies = sorted({f"{label(s)} `{m.split('.', 1)[1]}`" for (s, m), vals in d.v.items()
+                         if m.startswith("bpf_verified_insns.") and len(set(vals.values())) > 1})
+
     summary = {f"{s}.{m}": d.summary(s, m) for (s, m) in sorted(d.v) if d.summary(s, m)}
+    derived = {f"{s}.{m}": {str(r): x for r, x in sorted(d.get(s, m).items())}
+               for (s, m) in sorted(d.derived) if d.get(s, m)}
     per_event = None
-    if d.summary("zernel_base", "bpf_ns_per_event"):
+    if d.summary("zernel_base", "bpf_ns_per_event") and d.summary("zernel", "bpf_ns_per_event"):
         per_event = {
             "definition": "sum of delta run_time_ns over every BPF program the scheduler process holds / "
                           "delta run_cnt of its enqueue program, over the ML + hogs run",
@@ -432,9 +645,19 @@ def main():
             "ratio_of_medians": event_ratio(d),
             "paired_ratio": d.summary("zernel", "bpf_ns_per_event_over_base"),
             "per_rep": {s: d.get(s, "bpf_ns_per_event") for s in ("zernel", "zernel_base")}}
-    doc = {"meta": meta, "emulation_factor": factor, "host_load": host, "targets": target_recs,
+    torch_state = ({"available": False, "reason": meta.get("torch.reason")} if meta.get("torch") == "unavailable"
+                   else {"available": True, "version": meta.get("torch_version")} if "torch_version" in meta
+                   else None)
+    schbench_state = meta.get("schbench")
+    doc = {"meta": meta, "emulation_factor": factor, "host_load": host,
+           "targets": {label(c): recs for c, recs in target_recs.items()},
            "summary": summary,
+           "derived": derived,
+           "phase_policy_gain": {f"{s}.{out}": d.summary(s, out) for s in ("zernel", "zernel_gpu")
+                                 for out, _, _, _ in FLAT_GAIN if d.summary(s, out)},
+           "bpf_verified_insns": {s: {"programs": ver[s], "total": sum(ver[s].values())} for s in ver_scheds},
            "bpf_per_event": per_event,
+           "torch": torch_state, "schbench": schbench_state,
            "notes": notes, "checks": {"passed": len(checks["passed"]), "failed": checks["failed"]},
            "runs": sorted(runs, key=lambda r: (r["metric"], ORDER.index(r["sched"])
                                                if r["sched"] in ORDER else 9, r["rep"]))}
@@ -447,9 +670,7 @@ def main():
     def progs_of(s):
         return {m.split(".", 1)[1] for (ss, m) in d.v if ss == s and m.startswith("bpf_ns.")}
 
-    def med(s, metric):
-        summ = d.summary(s, metric)
-        return summ["median"] if summ else None
+    med = d.median
 
     # Logs from before the type was printed held struct_ops programs only.
     default_type = "?" if any(k.startswith("bpf_type.") for k in meta) else "struct_ops"
@@ -461,13 +682,13 @@ def main():
             load[p] = med(s, "bpf_event_ns." + p) or (ns * calls if ns and calls else 0)
         total = sum(load.values()) or 1
         for p in sorted(progs, key=lambda p: -load[p]):
-            prog_rows.append(f"| {SCHED_LABEL.get(s, s)} | `{p}` | {meta.get('bpf_type.' + p, default_type)} | "
+            prog_rows.append(f"| {label(s)} | `{p}` | {meta.get('bpf_type.' + p, default_type)} | "
                              f"{cell(d.summary(s, 'bpf_ns.' + p))} | "
                              f"{cell(d.summary(s, 'bpf_calls_per_s.' + p))} | "
                              f"{cell(d.summary(s, 'bpf_event_ns.' + p))} | {load[p] / total * 100:.0f} % |")
     # scx_zernel against its baseline build, program by program: the median
     # ns per scheduling event of each and the difference, largest first.
-    diff_rows = []
+    diff_rows, diff_head = [], []
     if per_event:
         base = SCHED_LABEL["zernel_base"]
         progs = progs_of("zernel") | progs_of("zernel_base")
@@ -491,9 +712,9 @@ def main():
     def have(*prefixes):
         return any(m.startswith(prefixes) for m in metrics)
 
-    cases = meta.get("cases", "ml,latency,cost")
-    scope = ("every case" if set(cases.split(",")) >= {"ml", "latency", "cost"}
-             else "case(s) " + ", ".join(cases.split(",")))
+    all_cases = ["ml", "torch", "latency", "cost"]
+    cases = [c for c in meta.get("cases", ",".join(all_cases)).split(",") if c]
+    scope = ("every case" if set(cases) >= set(all_cases) else "case(s) " + ", ".join(cases))
     base_text = ""
     if meta.get("base_commit"):
         base_text = (f" {SCHED_LABEL['zernel_base']}: scx_zernel built at that commit "
@@ -503,20 +724,48 @@ def main():
     if short:
         md.append("> **--short run**: one repetition of short cases. It checks that the harness works end "
                   "to end; its numbers are not meaningful.\n")
+    mem = meta.get("mem_kib", "")
+    mem = int(mem) // 1024 if mem.isdigit() else "?"
     md.append(
         f"Made by `bench/run.sh{' --short' if short else ''}` "
         f"({meta.get('reps', '?')} repetition(s) of {scope} under every scheduler, all in one VM boot). "
-        f"Guest: {meta.get('vcpus', '?')} vCPUs, {int(meta.get('mem_kib', 0)) // 1024} MiB, kernel "
+        f"Guest: {vcpus} vCPUs, {mem} MiB, kernel "
         f"`{meta.get('kernel', '?')}`, **{meta.get('accel', 'tcg').upper()}**; host: {meta.get('host_cpus', '?')} "
         f"cores. scx_zernel at `{meta.get('commit', '?')}`.{base_text} Wall time: "
         f"{wall or '?'} s in all ({meta.get('wall_vm_s', '?')} s in the VM).\n")
+    sched_text = {
+        "eevdf": "the kernel's own scheduler (no sched_ext scheduler attached): the baseline of every "
+                 "\"÷ EEVDF's\" ratio",
+        "zernel": "scx_zernel in its default configuration. In this VM there is no GPU data: the common "
+                  "case, and the one the targets are first of all about",
+        "zernel_gpu": "scx_zernel given GPU data through its file GPU provider, which stands in for NVML "
+                      "(the fake GPU's busy state, written by the workload)",
+        "zernel_flat": "scx_zernel with a flat policy: every phase and every ML thread in the normal class. "
+                       "The control: scx_zernel ÷ this is what the phase policy itself earns",
+        "zernel_base": "scx_zernel built at an earlier commit, same configuration as scx_zernel",
+        "bpfland": "peer", "lavd": "peer", "cosmos": "peer",
+    }
+    md.append("Schedulers in this run:\n")
+    for s in scheds:
+        text = sched_text.get(s, "other")
+        if text == "peer":
+            v = peers.get(s) or meta.get(f"version.{s}", "")
+            text = f"peer scheduler{f' (`{v}`)' if v else ''}, default options"
+        md.append(f"- **{label(s)}**: {text}.")
+    missing = [s for s in ORDER if s not in scheds]
+    if missing:
+        md.append(f"- not in this run: {'; '.join(label(s) for s in missing)}.")
+    md.append("")
+    md.append("\"Peers\" below are EEVDF, scx_bpfland, scx_lavd and scx_cosmos (not the builds and "
+              "configurations of scx_zernel).\n")
     md.append(
         "**Read ratios, not absolute numbers.** Under TCG (qemu's CPU emulator; this machine has no KVM) "
-        "the guest runs many times slower than hardware and its clock-driven workloads (spins, sleeps) do "
+        "the guest runs many times slower than hardware and its clock-driven parts (sleeps, timers) do "
         "not slow down with it, so absolute latencies, ns per BPF call and CPU percentages say little "
-        "about a real machine. Ratios to EEVDF measured in the same boot, with the same emulation, do. "
+        "about a real machine. Ratios measured in the same boot, with the same emulation, do: a workload "
+        "with hogs over itself alone under the same scheduler, or a scheduler's figure over EEVDF's. "
         "Repetitions are interleaved (rep 1 of every scheduler, then rep 2 of every scheduler in reverse "
-        "order, ...) and every ratio to EEVDF pairs rep *k* with EEVDF's rep *k*.\n")
+        "order, ...) and every ratio pairs rep *k* with rep *k* of the same or the other scheduler.\n")
     if factor:
         md.append(
             f"Emulation factor, for the CPU-time targets only: stress-ng's int64 CPU method does "
@@ -537,33 +786,109 @@ def main():
             "per measurement window where it matters.\n")
     md.append("Table cells: median (min–max) over the repetitions.\n")
 
+    # ---- targets
     md.append("## Targets\n")
-    md.append(target_md + "\n")
+    md.append(
+        "Each target is judged on the median over the repetitions. \"Ahead of every peer\" compares the "
+        "same ratio's median with each peer's median (higher for throughput, lower for latency); the "
+        "contended figures over EEVDF's, in absolute terms, are in the next table. A target whose metric "
+        "this run did not produce (a case left out, PyTorch missing, a peer not built) is \"not measured\", "
+        "not failed.\n")
+    for c in CANDIDATES:
+        md.append(f"### {label(c)}\n")
+        if c in target_mds:
+            md.append(target_mds[c] + "\n")
+        else:
+            md.append("Not measured: not in this run.\n")
 
-    if have("ml_"):
-        md.append("## 1. ML pipeline\n")
+    # ---- at a glance
+    glance = table(d, [
+        (None, "sized ML pipeline"),
+        ("ml_con_over_iso", "steps/s with hogs ÷ alone (same scheduler)"),
+        ("ml_con_over_eevdf_con", "steps/s with hogs ÷ EEVDF's with hogs"),
+        ("hogs_share_of_idle", "hogs' CPU ÷ CPU the ML job left idle"),
+        ("hogs_cpu_over_eevdf", "hogs' CPU ÷ EEVDF's"),
+        (None, "real PyTorch training"),
+        ("torch_train_con_over_iso", "steps/s with hogs ÷ alone (same scheduler)"),
+        ("torch_train_con_over_eevdf_con", "steps/s with hogs ÷ EEVDF's with hogs"),
+        ("torch_train_hogs_share_of_idle", "hogs' CPU ÷ CPU the training left idle"),
+        ("torch_train_hogs_cpu_over_eevdf", "hogs' CPU ÷ EEVDF's"),
+        (None, "real PyTorch inference"),
+        ("torch_infer_p99_con_over_iso", "p99 latency with hogs ÷ alone (lower is better)"),
+        ("torch_infer_p99_con_over_eevdf_con", "p99 latency with hogs ÷ EEVDF's with hogs (lower is better)"),
+        ("torch_infer_rps_con_over_iso", "requests/s with hogs ÷ alone"),
+        ("torch_infer_rps_con_over_eevdf_con", "requests/s with hogs ÷ EEVDF's with hogs"),
+        ("torch_infer_hogs_cpu_over_eevdf", "hogs' CPU ÷ EEVDF's"),
+    ], scheds)
+    if glance.count("\n") > 1:
+        md.append("## At a glance: the ML workloads with hogs\n")
         md.append(
-            f"`zernel-workload train --workers 2` ({meta.get('train_s', '?')} s; steps of 0.5 s fake-GPU compute, "
-            "0.5 s all-reduce, 0.5 s CPU optimizer; two DataLoader worker processes decoding 0.5 s per batch) "
-            f"alone, then with `stress-ng --cpu {hogs}` on the {vcpus} vCPUs (2x oversubscription), started 1 s before "
-            "the trainer and stopped when it ends. scx_zernel gets the trainer's fake GPU through its file "
-            "GPU provider and otherwise its default configuration (no rule for the hogs). "
-            "\"CPU left idle by the ML job\" = vCPUs × the trainer's run time − the ML job's CPU time "
-            "(trainer and workers, from `time -p`); the hogs' CPU time over the same window comes from "
-            "/proc. Hogs' bogo ops/s (stress-ng --metrics-brief) cover their whole run.\n")
+            "Per scheduler: each ML workload with hogs over itself alone (same scheduler, same rep), and "
+            "over EEVDF's with hogs (same rep); beside each, the hogs' figures, so that a gain the ML job "
+            "makes by starving the other work is visible: the hogs' CPU ÷ the CPU the ML job left idle "
+            "should stay near 1 (no vCPU left idle while hogs wait), and the hogs' CPU ÷ EEVDF's falls as "
+            "much as the ML job takes from them.\n")
+        md.append(glance + "\n")
+
+    # ---- the flat-policy control
+    if any(d.summary(s, out) for s in ("zernel", "zernel_gpu") for out, _, _, _ in FLAT_GAIN):
+        md.append("## The phase policy's gain (the flat-policy control)\n")
         md.append(
-            "How to read steps/s: the workload's CPU phases are timed, not sized (a thread spins *until a "
-            "deadline*: optimizer, all-reduce, decode), so a thread that gets less CPU still ends its phase on "
-            "time. Steps/s therefore measure the pipeline's wake-up and hand-off delays (20 ms fake-GPU "
-            "kernel launches, condvar hand-offs, batch reads), not its share of the CPU; the row \"ML job CPU "
-            "with hogs ÷ alone\" shows that share. With about 20 steps a run, the loader-wait p99 is the "
-            "slowest wait, usually the first batch (0.5 s of decoding before anything is queued).\n")
+            "scx_zernel ÷ scx_zernel with a flat policy (every phase and every ML thread in the normal "
+            "class), same rep: what the phase policy earns over the rest of scx_zernel (its queues, "
+            "slices, CPU selection), which both share. A gain that scx_zernel shows over EEVDF but not "
+            "over its flat policy comes from the rest, not from knowing the ML phases. The flat policy has "
+            "no GPU data (like scx_zernel), so the second column also counts what the GPU data adds.\n")
+        cols = [s for s in ("zernel", "zernel_gpu") if s in scheds]
+        rows = [f"| figure (÷ flat policy's, same rep) | " + " | ".join(f"{label(s)} ÷ flat" for s in cols)
+                + " | how to read |", "|---|" + "---|" * len(cols) + "---|"]
+        for out_m, _, text, how in FLAT_GAIN:
+            cells = [cell(d.summary(s, out_m)) for s in cols]
+            if any(c != "–" for c in cells):
+                rows.append(f"| {text} | " + " | ".join(cells) + f" | {how} |")
+        md.append("\n".join(rows) + "\n")
+
+    # ---- 1. the sized ML pipeline
+    if have("ml_", "hogs_"):
+        steps, workers = meta.get("ml_steps", "?"), meta.get("ml_workers", "2")
+        kernels, decode = meta.get("ml_kernels", "?"), meta.get("ml_decode_ms", "?")
+        optim = meta.get("ml_optim_ms", "?")
+        units = meta.get("units_per_ms")
+        md.append("## 1. Sized ML pipeline\n")
+        md.append(
+            f"`zernel-workload train --steps {steps} --workers {workers}`: the trainer runs exactly {steps} "
+            f"steps. Each step takes one batch from {workers} DataLoader worker processes, which decode it "
+            f"with a fixed amount of CPU work (what an idle vCPU does in {decode} ms), launches {kernels} short "
+            "fake-GPU kernels (sleeps of 100 µs–1 ms, with a small fixed CPU launch cost between them"
+            + (f", {meta['ml_launch_ms']} ms of an idle vCPU" if meta.get("ml_launch_ms") else "")
+            + f"; the trainer waits on each), then runs an optimizer step of fixed CPU work ({optim} ms of an "
+            "idle vCPU). "
+            + (f"The sizes are calibrated once per boot ({fmt(float(units)) if _num(units) else units} work "
+               "units per ms of an idle vCPU), so every scheduler runs the same work. " if units else "")
+            + f"It runs alone, then with `stress-ng --cpu {hogs}` on the {vcpus} vCPUs (2x oversubscription), "
+            "started 1 s before the trainer and stopped when it ends. \"CPU left idle by the ML job\" = vCPUs × "
+            "the trainer's run time − the ML job's CPU time (trainer and workers, from `time -p`); the hogs' "
+            "CPU time over the same window comes from /proc. Hogs' bogo ops/s (stress-ng --metrics-brief) "
+            "cover their whole run.\n")
+        md.append(
+            "How to read it: the work is sized, not timed. A thread that gets less CPU takes longer to "
+            "finish its decode or its optimizer step, so with hogs the wall time of the "
+            f"{steps} steps (and steps/s) measures the CPU share the scheduler gives the pipeline, and how "
+            "soon it runs the trainer again after each fake-GPU kernel. Alone, the job leaves vCPUs idle and "
+            "every scheduler should reach about the same steps/s (\"alone ÷ EEVDF alone\" near 1); with "
+            f"{hogs} hogs, \"with hogs ÷ alone\" near 1 means the pipeline lost almost nothing to them. What "
+            "the hogs pay for it shows in their rows: their CPU ÷ the CPU the ML job left idle should stay "
+            "near 1 (the ML job's gain comes out of the hogs' share, not out of idle vCPUs). The loader-wait "
+            "p99 is the trainer's wait for a batch; with few steps it is close to the slowest wait, often "
+            "the first batch (decoded before anything is queued).\n")
         md.append(table(d, [
             ("ml_iso_steps_per_sec", "training steps/s, alone"),
             ("ml_con_steps_per_sec", f"training steps/s, with {hogs} hogs"),
+            ("ml_iso_secs", f"wall time of the {steps} steps (s), alone"),
+            ("ml_con_secs", f"wall time of the {steps} steps (s), with {hogs} hogs"),
             ("ml_con_over_iso", "with hogs ÷ alone (same scheduler)"),
             ("ml_iso_over_eevdf_iso", "alone ÷ EEVDF alone"),
-            ("ml_con_over_eevdf_iso", "with hogs ÷ EEVDF alone"),
+            ("ml_con_over_eevdf_con", "with hogs ÷ EEVDF with hogs"),
             ("ml_iso_gpu_busy_frac", "fake-GPU busy fraction, alone"),
             ("ml_con_gpu_busy_frac", "fake-GPU busy fraction, with hogs"),
             ("ml_iso_loader_p99_ms", "loader wait p99 (ms), alone"),
@@ -572,6 +897,7 @@ def main():
             ("ml_con_cpu", "ML job CPU (vCPUs), with hogs"),
             ("ml_cpu_con_over_iso", "ML job CPU with hogs ÷ alone"),
             ("hogs_cpu", "hogs' CPU (vCPUs)"),
+            ("hogs_cpu_over_eevdf", "hogs' CPU ÷ EEVDF's"),
             ("hogs_share_of_idle", "hogs' CPU ÷ CPU left idle by the ML job"),
             ("hogs_bogo_ops_per_s", "hogs' bogo ops/s"),
             ("hogs_bogo_over_eevdf", "hogs' bogo ops/s ÷ EEVDF's"),
@@ -579,9 +905,70 @@ def main():
             ("host_other_cpus.ml_con", "host CPUs other host processes took, run with hogs"),
         ], scheds) + "\n")
 
+    # ---- 2. real PyTorch
+    if meta.get("torch") == "unavailable":
+        md.append("## 2. Real PyTorch\n")
+        reason = meta.get("torch.reason")
+        md.append(f"Not measured: PyTorch was unavailable in the guest{f' ({reason})' if reason else ''}.\n")
+    elif have("torch_"):
+        tsteps, treq = meta.get("torch_train_steps", "?"), meta.get("torch_infer_requests", "?")
+        md.append("## 2. Real PyTorch\n")
+        md.append(
+            f"PyTorch {meta.get('torch_version', '?')} on the CPU. Its processes start once per boot and are "
+            "paused (SIGSTOP) between measurements, so one `import torch` and one model build serve every "
+            "scheduler"
+            + (f" (starting them took {fmt(float(meta['torch_start_s']))} s, once)" if _num(meta.get("torch_start_s"))
+               else "")
+            + ", and each scheduler meets the same warm processes.\n")
+        md.append(
+            f"Training: `train.py`, a small CNN fed by a DataLoader with 2 worker processes that decode raw "
+            f"samples: {tsteps} steps alone, then {tsteps} steps with `stress-ng --cpu {hogs}` (2x "
+            "oversubscription). Steps/s, the vCPUs the trainer and its workers used, and the hogs' CPU ÷ the "
+            "CPU the training left idle, read as in the sized pipeline above.\n")
+        md.append(
+            f"Inference: `serve.py`, a small transformer language model with random weights serving on a "
+            f"Unix socket, and `client.py` sending {treq} requests one after another (each waits for the "
+            "previous answer): requests/s and latency p50/p99, alone and with the hogs. p99 with hogs ÷ alone "
+            "is how much the tail of a served model suffers from batch work sharing its CPUs (lower is "
+            "better).\n")
+        md.append(table(d, [
+            (None, "training"),
+            ("torch_train_iso_steps_per_sec", "steps/s, alone"),
+            ("torch_train_con_steps_per_sec", "steps/s, with hogs"),
+            ("torch_train_con_over_iso", "with hogs ÷ alone (same scheduler)"),
+            ("torch_train_iso_over_eevdf_iso", "alone ÷ EEVDF alone"),
+            ("torch_train_con_over_eevdf_con", "with hogs ÷ EEVDF with hogs"),
+            ("torch_train_iso_cpu", "trainer + workers CPU (vCPUs), alone"),
+            ("torch_train_con_cpu", "trainer + workers CPU (vCPUs), with hogs"),
+            ("torch_train_cpu_con_over_iso", "trainer + workers CPU with hogs ÷ alone"),
+            ("torch_train_hogs_cpu", "hogs' CPU (vCPUs)"),
+            ("torch_train_hogs_cpu_over_eevdf", "hogs' CPU ÷ EEVDF's"),
+            ("torch_train_hogs_share_of_idle", "hogs' CPU ÷ CPU left idle by the training"),
+            (None, "inference"),
+            ("torch_infer_iso_rps", "requests/s, alone"),
+            ("torch_infer_con_rps", "requests/s, with hogs"),
+            ("torch_infer_rps_con_over_iso", "requests/s with hogs ÷ alone"),
+            ("torch_infer_rps_con_over_eevdf_con", "requests/s with hogs ÷ EEVDF's with hogs"),
+            ("torch_infer_iso_p50_ms", "latency p50 (ms), alone"),
+            ("torch_infer_con_p50_ms", "latency p50 (ms), with hogs"),
+            ("torch_infer_p50_con_over_iso", "p50 with hogs ÷ alone"),
+            ("torch_infer_iso_p99_ms", "latency p99 (ms), alone"),
+            ("torch_infer_con_p99_ms", "latency p99 (ms), with hogs"),
+            ("torch_infer_p99_con_over_iso", "p99 with hogs ÷ alone (lower is better)"),
+            ("torch_infer_p99_con_over_eevdf_con", "p99 with hogs ÷ EEVDF's with hogs (lower is better)"),
+            ("torch_infer_hogs_cpu", "hogs' CPU (vCPUs)"),
+            ("torch_infer_hogs_cpu_over_eevdf", "hogs' CPU ÷ EEVDF's"),
+            (None, "the host, runs with hogs"),
+            ("host_qemu_cpus.torch_train_con", "host CPUs qemu got, training"),
+            ("host_other_cpus.torch_train_con", "host CPUs other host processes took, training"),
+            ("host_qemu_cpus.torch_infer_con", "host CPUs qemu got, inference"),
+            ("host_other_cpus.torch_infer_con", "host CPUs other host processes took, inference"),
+        ], scheds) + "\n")
+
+    # ---- 3. general latency
     tool = meta.get("messaging_tool", "none")
-    if have("cyclictest_", "messaging_"):
-        md.append("## 2. General latency\n")
+    if have("cyclictest_", "messaging_", "schbench_") or schbench_state:
+        md.append("## 3. General latency\n")
         tool_text = {
             "perf": f"`perf bench sched messaging {meta.get('messaging_args', '')}` (the host's perf binary, "
                     "which runs in the guest)",
@@ -596,6 +983,15 @@ def main():
             "threads (-v prints each one; its histogram would cap at a fixed range that TCG latencies "
             "overrun). Messaging: "
             f"{tool_text}, run alone, time in seconds (lower is better).\n")
+        if schbench_state and schbench_state.startswith("not available"):
+            why = schbench_state[len("not available"):].lstrip(":").strip()
+            md.append(f"schbench: not measured, not available in the guest{f': {why}' if why else ''}.\n")
+        elif have("schbench_"):
+            args = meta.get("schbench_args")
+            md.append(
+                f"schbench{f' (`schbench {args}`)' if args else ''}, run alone: message threads hand "
+                "requests to worker threads, which do a fixed piece of work for each; the p99 of the workers' "
+                "wakeup latency (µs, lower is better) and the median requests/s.\n")
         md.append(table(d, [
             ("cyclictest_p99_us", "cyclictest p99 (µs)"),
             ("cyclictest_p99_over_eevdf", "cyclictest p99 ÷ EEVDF's"),
@@ -606,15 +1002,21 @@ def main():
             ("cyclictest_samples", "cyclictest samples"),
             ("messaging_secs", "messaging time (s)"),
             ("messaging_over_eevdf", "messaging time ÷ EEVDF's"),
+            ("schbench_p99_us", "schbench wakeup latency p99 (µs)"),
+            ("schbench_p99_over_eevdf", "schbench p99 ÷ EEVDF's"),
+            ("schbench_rps", "schbench requests/s"),
+            ("schbench_rps_over_eevdf", "schbench requests/s ÷ EEVDF's"),
         ], scheds) + "\n")
 
+    # ---- 4. cost
     cost_scheds = [s for s in scheds if s != "eevdf"]
     if have("bpf_", "sched_cpu_"):
-        md.append("## 3. Cost\n")
+        md.append("## 4. Cost\n")
         md.append(
             "With `kernel.bpf_stats_enabled=1`, `run_time_ns`/`run_cnt` of every BPF program the scheduler "
             "process holds an fd of (struct_ops programs, and tp_btf/fentry/lsm ones; from /proc/PID/fdinfo; "
-            "names from the programs' kallsyms symbols), read before and after the ML + hogs run: ns per "
+            "names from the programs' kallsyms symbols), read before and after the sized ML pipeline's run "
+            "with hogs: ns per "
             "call = Δrun_time_ns / Δrun_cnt, and **BPF ns per scheduling event** = Σ Δrun_time_ns over all "
             "those programs / Δrun_cnt of the enqueue program (the programs run for other reasons too, "
             "forks, exits, device opens, context switches; an enqueue is the one event every scheduler "
@@ -627,6 +1029,7 @@ def main():
             "All of it is TCG-inflated (see the emulation factor above).\n")
         md.append(table(d, [
             ("bpf_ns_per_event", "BPF ns per scheduling event, all programs"),
+            ("bpf_ns_per_event_over_bpfland", "BPF ns per scheduling event ÷ scx_bpfland's (same rep)"),
             ("bpf_ns_per_event_struct_ops", "BPF ns per scheduling event, struct_ops programs only"),
             ("bpf_events_per_s", "scheduling events (enqueues) per second"),
             ("bpf_ns_avg", "ns per BPF call, all struct_ops programs"),
@@ -645,7 +1048,7 @@ def main():
                   "|---|---|---|---|---|")
         for s in ("zernel", "zernel_base"):
             summ, vals = d.summary(s, "bpf_ns_per_event"), d.get(s, "bpf_ns_per_event")
-            md.append(f"| {SCHED_LABEL[s]} | {fmt(summ['median'])} | {fmt(summ['min'])}–{fmt(summ['max'])} | "
+            md.append(f"| {label(s)} | {fmt(summ['median'])} | {fmt(summ['min'])}–{fmt(summ['max'])} | "
                       f"{summ['n']} | " + ", ".join(fmt(vals[r]) for r in sorted(vals)) + " |")
         pvals = d.get("zernel", "bpf_ns_per_event_over_base")
         md.append("")
@@ -679,6 +1082,28 @@ def main():
         md.append("| scheduler | program | type | ns per call | calls/s | ns per scheduling event "
                   "| share of its BPF time |\n|---|---|---|---|---|---|---|")
         md.append("\n".join(prog_rows) + "\n")
+    if ver_scheds:
+        md.append("### Verifier complexity\n")
+        md.append(
+            "Instructions processed by the kernel's verifier to load each BPF program (`verified_insns` in "
+            "its fdinfo, read once per attach: the figure veristat reports). It measures how much work the "
+            "verifier does over every path through the program (the kernel refuses a program past "
+            "1,000,000), a gauge of the program's complexity, not of its run time. One value per program "
+            "(the largest over the attaches; the same program verifies the same way each time), and the "
+            "total per scheduler.\n")
+        progs = []
+        for s in ver_scheds:
+            for p in sorted(ver[s], key=lambda p: -ver[s][p]):
+                if p not in progs:
+                    progs.append(p)
+        rows = ["| program | " + " | ".join(label(s) for s in ver_scheds) + " |",
+                "|---|" + "---|" * len(ver_scheds)]
+        for p in progs:
+            rows.append(f"| `{p}` | " + " | ".join(fmt(ver[s].get(p)) for s in ver_scheds) + " |")
+        rows.append("| **total** | " + " | ".join(f"**{fmt(sum(ver[s].values()))}**" for s in ver_scheds) + " |")
+        md.append("\n".join(rows) + "\n")
+        if ver_varies:
+            md.append("Differed between attaches (the largest is shown): " + ", ".join(ver_varies) + ".\n")
 
     if have_plot:
         md.append("## Plot\n")
@@ -689,12 +1114,18 @@ def main():
         v = meta.get(f"version.{s}")
         status = peers.get(s)
         if v:
-            md.append(f"- {SCHED_LABEL[s]}: `{v}`")
+            md.append(f"- {label(s)}: `{v}`")
         elif status:
-            md.append(f"- {SCHED_LABEL[s]}: {status}")
+            md.append(f"- {label(s)}: {status}")
     md.append(f"- messaging: {tool}; {meta.get('stress_ng', 'stress-ng ?')}; "
               f"{meta.get('cyclictest', 'cyclictest ?')}")
-    builds = [f"scx_{p} {meta[f'peer_build_s.{p}']} s" for p in ("bpfland", "lavd") if f"peer_build_s.{p}" in meta]
+    if schbench_state:
+        md.append(f"- schbench: {schbench_state}")
+    if torch_state:
+        md.append("- PyTorch: " + (torch_state.get("version") or "?" if torch_state["available"] else
+                                   "unavailable" + (f" ({torch_state['reason']})" if torch_state["reason"] else "")))
+    builds = [f"scx_{p} {meta[f'peer_build_s.{p}']} s" for p in ("bpfland", "lavd", "cosmos")
+              if f"peer_build_s.{p}" in meta]
     if builds:
         md.append(f"- peer builds this run: {', '.join(builds)} (cached afterwards)")
     md.append("")
@@ -713,6 +1144,14 @@ def main():
     print(f"report: {len(runs)} values from {len(scheds)} scheduler(s) -> {out}/README.md, results.json"
           + (", plot.png" if have_plot else ""))
     return 0 if runs else 1
+
+
+def _num(x):
+    try:
+        float(x)
+        return True
+    except (TypeError, ValueError):
+        return False
 
 
 if __name__ == "__main__":
