@@ -203,16 +203,6 @@ impl PhaseStats {
     pub fn threads_in(&self, phase: Phase) -> u64 {
         self.threads[phase.index()]
     }
-
-    /// Transitions into `phase` since start.
-    pub fn entered(&self, phase: Phase) -> u64 {
-        self.entered[phase.index()]
-    }
-
-    /// Thread-time (ns) spent in `phase` since start.
-    pub fn time_ns(&self, phase: Phase) -> u64 {
-        self.time_ns[phase.index()]
-    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -255,11 +245,6 @@ impl PhaseDetector {
     /// Number of tracked (ML) threads.
     pub fn tracked(&self) -> usize {
         self.tracks.len()
-    }
-
-    /// Drops a thread's state.
-    pub fn forget(&mut self, tid: i32) {
-        self.tracks.remove(&tid);
     }
 
     fn adopt(stats: &mut PhaseStats, tid: i32, t: &mut Track, to: Phase, out: &mut Vec<PhaseChange>) {

@@ -60,7 +60,7 @@
 //!   threads whose view changed since the previous pass.
 //! * Threads of ML processes cost one schedstat pread per pass (~1.5 µs);
 //!   only threads that were runnable ≥ `active_busy_frac` of the interval
-//!   also get stat, status, io and syscall (~20 µs).
+//!   also get stat, status and io (~20 µs).
 //! * Pool threads (role Other) quiet for a second are held back: every
 //!   `quiet_sample_interval_ms` the process's own stat (its CPU time, all
 //!   threads summed by the kernel) is compared with what the samples since
@@ -160,8 +160,6 @@ pub struct Observer {
     procs: BTreeMap<i32, ProcEntry>,
     snap: Snapshot,
     last_pass: Option<Instant>,
-    delayacct: bool,
-    next_delayacct_check: Instant,
     rescan_interval: Duration,
     evidence_interval: Duration,
     quiet_interval: Duration,
@@ -222,8 +220,6 @@ impl Observer {
             procs: BTreeMap::new(),
             snap: Snapshot::default(),
             last_pass: None,
-            delayacct: false,
-            next_delayacct_check: Instant::now(),
             rescan_interval: Duration::from_millis(cfg.rescan_interval_ms),
             evidence_interval: Duration::from_millis(cfg.evidence_interval_ms),
             quiet_interval: Duration::from_millis(cfg.quiet_sample_interval_ms),
@@ -356,11 +352,6 @@ impl Observer {
         let start = Instant::now();
         let elapsed = self.last_pass.map(|t| start.saturating_duration_since(t)).unwrap_or_default();
         self.last_pass = Some(start);
-        if start >= self.next_delayacct_check {
-            self.delayacct =
-                std::fs::read_to_string(self.root.join("sys/kernel/task_delayacct")).is_ok_and(|s| s.trim() == "1");
-            self.next_delayacct_check = start + self.rescan_interval;
-        }
         let mut gone = Vec::new();
         for p in self.procs.values_mut() {
             p.begin_pass();
@@ -427,7 +418,6 @@ impl Observer {
             budget: &self.budget,
             buf: &mut self.buf,
             now: start,
-            delayacct: self.delayacct,
             active_busy_frac: self.active_busy_frac,
             quiet_interval: self.quiet_interval,
             name_interval_max: self.name_interval,
@@ -491,7 +481,6 @@ impl Observer {
         let snap = &mut self.snap;
         snap.seq += 1;
         snap.interval_ns = elapsed.as_nanos() as u64;
-        snap.delayacct = self.delayacct;
         snap.gone = gone;
         snap.gpus.clear();
         snap.gpus.extend_from_slice(gpu.devices());

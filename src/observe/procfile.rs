@@ -131,7 +131,7 @@ impl ReadBuf {
     }
 
     /// Reads a file the kernel shows as one record (`proc_single_show`:
-    /// a task's stat, schedstat, status, io, syscall, comm, cgroup): the
+    /// a task's stat, schedstat, status, io, comm, cgroup): the
     /// whole text is made at the first read, so a read shorter than the
     /// buffer is the end, and one pread is enough where [`fill`](Self::fill)
     /// needs a second, empty one.

@@ -9,7 +9,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-/// USER_HZ: the unit of `start_ticks` and of `delayacct_blkio_ticks`.
+/// USER_HZ: the unit of `start_ticks` and of a process's CPU time in stat.
 pub const USER_HZ: u64 = crate::bpf_intf::zernel_consts_ZERNEL_USER_HZ as u64;
 pub const NS_PER_TICK: u64 = 1_000_000_000 / USER_HZ;
 
@@ -78,61 +78,6 @@ impl fmt::Display for ThreadRole {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
-}
-
-/// Scheduler state of a thread (field 3 of stat) at its last detailed read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ThreadState {
-    Running,
-    Sleeping,
-    DiskSleep,
-    Stopped,
-    Zombie,
-    Idle,
-    #[default]
-    Unknown,
-}
-
-impl ThreadState {
-    pub fn from_char(c: char) -> ThreadState {
-        match c {
-            'R' => ThreadState::Running,
-            'S' => ThreadState::Sleeping,
-            'D' => ThreadState::DiskSleep,
-            'T' | 't' => ThreadState::Stopped,
-            'Z' | 'X' => ThreadState::Zombie,
-            'I' => ThreadState::Idle,
-            _ => ThreadState::Unknown,
-        }
-    }
-
-    /// Blocked (interruptibly or not): the thread waits for something.
-    pub fn is_blocked(self) -> bool {
-        matches!(self, ThreadState::Sleeping | ThreadState::DiskSleep)
-    }
-}
-
-/// What a blocked thread waits in, from /proc/.../syscall (or wchan when the
-/// syscall file is unreadable), at its last detailed read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum WaitKind {
-    /// Not blocked (running or runnable).
-    NotWaiting,
-    /// futex(2) / futex_waitv(2): a lock, condition variable or event.
-    Futex,
-    /// ioctl(2): typically a GPU driver synchronisation.
-    Ioctl,
-    /// poll/select/epoll families.
-    Poll,
-    /// read/write-like I/O syscalls (pipes, files, sockets).
-    Io,
-    /// nanosleep/clock_nanosleep.
-    Sleep,
-    /// Another syscall (number kept).
-    Other(i64),
-    /// Not read or not readable.
-    #[default]
-    Unknown,
 }
 
 /// Why a process is considered ML. A small bit set; see the constants.
@@ -371,11 +316,8 @@ pub struct DetailDelta {
     pub interval_ns: u64,
     pub voluntary_switches: u64,
     pub involuntary_switches: u64,
-    /// Bytes read/written through syscalls (rchar/wchar: files, pipes, sockets).
+    /// Bytes read through syscalls (rchar: files, pipes, sockets).
     pub read_bytes: u64,
-    pub write_bytes: u64,
-    /// Block I/O delay (delayacct_blkio_ticks); None when delay accounting is off.
-    pub blkio_delay_ns: Option<u64>,
 }
 
 impl DetailDelta {
@@ -396,10 +338,6 @@ impl DetailDelta {
 
     pub fn read_bytes_per_sec(&self) -> f64 {
         self.per_sec(self.read_bytes)
-    }
-
-    pub fn io_bytes_per_sec(&self) -> f64 {
-        self.per_sec(self.read_bytes.saturating_add(self.write_bytes))
     }
 }
 
@@ -422,8 +360,6 @@ pub struct ThreadView {
     pub gpus: Arc<[u32]>,
     /// CPU it last ran on (field 39 of stat), at its last detailed read.
     pub last_cpu: Option<u32>,
-    pub state: ThreadState,
-    pub wait: WaitKind,
     /// Counters since the previous sample; None when not sampled in this
     /// pass (non-ML threads, first sight, quiet threads between samples).
     pub delta: Option<ThreadDelta>,
@@ -438,21 +374,8 @@ impl ThreadView {
     /// process.
     pub fn update_from(&mut self, src: &ThreadView) {
         // Exhaustive: a new field must be handled here.
-        let ThreadView {
-            tid,
-            tgid,
-            proc_index: _,
-            comm,
-            start_ticks,
-            role,
-            ml: _,
-            gpus: _,
-            last_cpu,
-            state,
-            wait,
-            delta,
-            changes,
-        } = src;
+        let ThreadView { tid, tgid, proc_index: _, comm, start_ticks, role, ml: _, gpus: _, last_cpu, delta, changes } =
+            src;
         if !Arc::ptr_eq(&self.comm, comm) {
             self.comm = comm.clone();
         }
@@ -461,8 +384,6 @@ impl ThreadView {
         self.start_ticks = *start_ticks;
         self.role = *role;
         self.last_cpu = *last_cpu;
-        self.state = *state;
-        self.wait = *wait;
         self.delta = *delta;
         self.changes = *changes;
     }
@@ -507,8 +428,6 @@ pub struct Snapshot {
     pub interval_ns: u64,
     /// How long this pass took.
     pub pass_ns: u64,
-    /// Delay accounting is on (blkio delays are meaningful).
-    pub delayacct: bool,
     /// Sorted by pid.
     pub processes: Vec<ProcessView>,
     /// Sorted by (tgid, tid).
