@@ -31,7 +31,7 @@ use tracing::{info, warn};
 use crate::bpf_intf;
 use crate::config::{Config, Source};
 use crate::decisions::Decisions;
-use crate::observe::ProcEvent;
+use crate::events::{GpuOpen, ProcEvent};
 use crate::pipeline::Pipeline;
 use crate::reload::Reloader;
 use crate::sched::{self, LoadOptions, Scheduler};
@@ -158,7 +158,7 @@ fn serve(
     let mut n: u64 = 0;
     // GPU opens told by the kernel, with the passes since: the mark is set
     // judged once a pass saw the process (or after 50 passes: gone).
-    let mut opens: Vec<(sched::GpuOpen, u32)> = Vec::new();
+    let mut opens: Vec<(GpuOpen, u32)> = Vec::new();
     // Process events since the last pass (drained while waiting too, so the
     // ring buffer does not fill), and the kernel's count of lost events.
     let mut procs: Vec<ProcEvent> = Vec::new();

@@ -8,23 +8,29 @@
 //! ```
 
 use rustc_hash::FxHashMap;
+use tracing::warn;
 
 use crate::policy::Decision;
-use crate::sched::{self, Scheduler, WriteError};
 
-/// Where decisions go: the task_class map (a [`Scheduler`]), or nowhere
-/// (benchmarks, observe mode).
+/// Where decisions go: the task_class map (sched.rs's `Scheduler`), or
+/// nowhere (benchmarks, observe mode).
 pub trait DecisionSink {
     fn write(&self, tid: u32, start_ticks: u64, d: &Decision) -> Result<(), WriteError>;
     fn remove(&self, tid: u32);
 }
 
-impl DecisionSink for Scheduler<'_> {
-    fn write(&self, tid: u32, start_ticks: u64, d: &Decision) -> Result<(), WriteError> {
-        Scheduler::write(self, tid, start_ticks, d)
-    }
-    fn remove(&self, tid: u32) {
-        Scheduler::remove(self, tid)
+/// Why a decision did not reach the map.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WriteError {
+    /// The map is at capacity (E2BIG): the thread keeps the default class.
+    Full,
+    Other(String),
+}
+
+/// Logs that a write failed for a reason other than a full map.
+fn warn_write(tid: u32, e: &WriteError) {
+    if let WriteError::Other(msg) = e {
+        warn!("task_class update for tid {tid} failed: {msg}");
     }
 }
 
@@ -75,7 +81,7 @@ impl Decisions {
                 true
             }
             Err(e) => {
-                sched::warn_write(*tid, &e);
+                warn_write(*tid, &e);
                 true
             }
         });

@@ -16,6 +16,7 @@ pub mod config;
 pub mod daemon;
 pub mod decisions;
 pub mod devices;
+pub mod events;
 pub mod gpu;
 pub mod inspect;
 pub mod logging;

@@ -18,14 +18,13 @@ use rustc_hash::FxHashMap;
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
+use crate::events::{GpuOpen, ProcEvent};
 use crate::gpu::{self, GpuProvider};
-use crate::observe::{Changes, Observer, ProcEvent, ProcessView, Snapshot};
+use crate::observe::{Changes, Observer, ProcessView, Snapshot};
 use crate::phase::{Phase, PhaseDetector};
 use crate::policy::{Decision, Facts};
-use crate::policy_script::{self, Reopened, Script, ThreadFacts};
+use crate::policy_script::{self, Reopened, Script, ScriptStats, ThreadFacts};
 use crate::rules::{Identity, Rules};
-use crate::sched;
-use crate::stats::Metrics;
 use crate::tenants::Tenants;
 use crate::topology::Topology;
 
@@ -61,7 +60,7 @@ pub struct Pipeline {
     /// `[policy] script`, with its verdicts cached per thread.
     script: Option<Script>,
     /// Counters of the scripts replaced by reloads (the stats are cumulative).
-    script_retired: policy_script::ScriptStats,
+    script_retired: ScriptStats,
     /// The kernel's process events reach the observer.
     process_events: bool,
     /// (process events, /proc listings) of observers replaced by reloads.
@@ -107,7 +106,7 @@ impl Pipeline {
     }
 
     /// The kernel saw process `pid` open a GPU device: ML in the next pass.
-    pub fn note_gpu_open(&mut self, o: &sched::GpuOpen) {
+    pub fn note_gpu_open(&mut self, o: &GpuOpen) {
         let what = format!("device open {}:{} by tid {}", o.major, o.minor, o.tid);
         self.observer.note_device_open(o.pid as i32, o.start_ticks, &what);
     }
@@ -417,7 +416,7 @@ impl Pipeline {
 
     /// The decisions that changed in the last pass: (tid, start time, the
     /// new decision, or None for one withdrawn: the thread is gone or has
-    /// none now). What [`Decisions::apply`](crate::decisions::Decisions::apply) writes.
+    /// none now). What `Decisions::apply` (decisions.rs) writes.
     pub fn changed(&self) -> &[(u32, u64, Option<Decision>)] {
         &self.changed
     }
@@ -447,28 +446,54 @@ impl Pipeline {
         match_of(&self.rules, self.threads.get(&tid)?.slot?)
     }
 
-    pub fn fill_metrics(&self, m: &mut Metrics) {
+    /// What the pipeline counts (the stats copy it into their metrics).
+    pub fn counts(&self) -> PipelineCounts {
         let snap = self.snapshot();
         let s = self.detector.stats();
-        m.threads = snap.threads.len() as u64;
-        m.ml_threads = snap.threads.iter().filter(|t| t.ml).count() as u64;
-        m.phase_data_loading = s.threads_in(Phase::DataLoading);
-        m.phase_gpu_compute = s.threads_in(Phase::GpuCompute);
-        m.phase_nccl_collective = s.threads_in(Phase::NcclCollective);
-        m.phase_optimizer_step = s.threads_in(Phase::OptimizerStep);
-        m.phase_transitions = s.transitions;
-        m.observe_pass_us = snap.pass_ns / 1000;
-        let mut st = self.script_retired;
+        let mut script = self.script_retired;
         if let Some(s) = &self.script {
-            st.add(&s.stats());
+            script.add(&s.stats());
         }
-        m.script_calls = st.calls;
-        m.script_errors = st.errors;
-        m.script_budget_exceeded = st.budget_exceeded;
         let (e, l) = self.observer.discovery_counts();
-        m.proc_events = self.discovery_retired.0 + e;
-        m.proc_listings = self.discovery_retired.1 + l;
+        PipelineCounts {
+            threads: snap.threads.len() as u64,
+            ml_threads: snap.threads.iter().filter(|t| t.ml).count() as u64,
+            phase_data_loading: s.threads_in(Phase::DataLoading),
+            phase_gpu_compute: s.threads_in(Phase::GpuCompute),
+            phase_nccl_collective: s.threads_in(Phase::NcclCollective),
+            phase_optimizer_step: s.threads_in(Phase::OptimizerStep),
+            phase_transitions: s.transitions,
+            observe_pass_us: snap.pass_ns / 1000,
+            script,
+            proc_events: self.discovery_retired.0 + e,
+            proc_listings: self.discovery_retired.1 + l,
+        }
     }
+}
+
+/// The pipeline's counters: threads seen, threads in each phase, the last
+/// pass's time, the policy script's calls, the observer's discoveries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PipelineCounts {
+    /// Threads in the last snapshot.
+    pub threads: u64,
+    /// Of which threads of ML processes.
+    pub ml_threads: u64,
+    /// Tracked threads in each phase.
+    pub phase_data_loading: u64,
+    pub phase_gpu_compute: u64,
+    pub phase_nccl_collective: u64,
+    pub phase_optimizer_step: u64,
+    /// Phase transitions since start.
+    pub phase_transitions: u64,
+    /// How long the last observer pass took.
+    pub observe_pass_us: u64,
+    /// The policy scripts' counters since start (replaced scripts included).
+    pub script: ScriptStats,
+    /// Processes discovered from the kernel's process events, and /proc
+    /// listings, since start.
+    pub proc_events: u64,
+    pub proc_listings: u64,
 }
 
 /// Every this many passes every thread is decided again, not only those

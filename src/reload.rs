@@ -21,7 +21,7 @@
 //! loop falls back to comparing the stamp once a second, and says so.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use crossbeam::channel::{unbounded, Receiver, Sender};
@@ -29,7 +29,7 @@ use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use tracing::warn;
 
-use crate::config::Source;
+use crate::config::{stamp, Source, Stamp};
 
 /// Why the loop was woken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,16 +39,6 @@ pub enum Trigger {
     /// Something changed in the config file's directory: reload if the
     /// file's stamp changed.
     File,
-}
-
-/// What identifies a version of the config file: (device, inode, size,
-/// mtime) of what the path resolves to; None if it cannot be read.
-pub type Stamp = Option<(u64, u64, u64, SystemTime)>;
-
-pub fn stamp(path: &Path) -> Stamp {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.dev(), m.ino(), m.len(), m.modified().ok()?))
 }
 
 /// The triggers of one daemon: SIGHUP and, with a config file, its

@@ -30,14 +30,16 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::{AsRawLibbpf, MapCore, MapFlags, MapHandle, OpenObject};
 use scx_utils::{compat, scx_ops_attach, scx_ops_load, scx_ops_open, uei_exited, uei_report, UserExitInfo};
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::bpf_intf;
 use crate::bpf_skel::{BpfSkel, BpfSkelBuilder};
 use crate::class::{Class, NR_CLASSES};
 use crate::config::SchedulerConfig;
+use crate::decisions::DecisionSink;
+pub use crate::decisions::WriteError;
 use crate::devices;
-use crate::observe::{ProcEvent, ProcEventKind};
+use crate::events::{GpuOpen, ProcEvent, ProcEventKind};
 use crate::policy::Decision;
 use crate::tenants::Tenants;
 use crate::topology::Topology;
@@ -299,35 +301,16 @@ fn all_entries(map: &dyn MapCore) -> Result<Vec<(u32, Entry)>> {
     Ok(out)
 }
 
-/// Why a decision did not reach the map.
-#[derive(Debug, PartialEq, Eq)]
-pub enum WriteError {
-    /// The map is at capacity (E2BIG): the thread keeps the default class.
-    Full,
-    Other(String),
-}
-
-/// A GPU device open the kernel saw (the first of its process).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GpuOpen {
-    pub pid: u32,
-    pub tid: u32,
-    pub major: u32,
-    pub minor: u32,
-    pub start_ticks: u64,
-}
-
-impl GpuOpen {
-    fn decode(b: &[u8]) -> Option<GpuOpen> {
-        let e = from_bytes::<bpf_intf::zernel_event>(b)?;
-        (e.kind == bpf_intf::zernel_event_kind_ZEV_GPU_OPEN).then_some(GpuOpen {
-            pid: e.pid,
-            tid: e.tid,
-            major: e.major,
-            minor: e.minor,
-            start_ticks: e.start_ticks,
-        })
-    }
+/// A GPU device open from the ring buffer.
+fn decode_gpu_open(b: &[u8]) -> Option<GpuOpen> {
+    let e = from_bytes::<bpf_intf::zernel_event>(b)?;
+    (e.kind == bpf_intf::zernel_event_kind_ZEV_GPU_OPEN).then_some(GpuOpen {
+        pid: e.pid,
+        tid: e.tid,
+        major: e.major,
+        minor: e.minor,
+        start_ticks: e.start_ticks,
+    })
 }
 
 /// A process event from the ring buffer, as the observer takes it.
@@ -476,7 +459,7 @@ impl<'a> Scheduler<'a> {
         }
         let mut rb = libbpf_rs::RingBufferBuilder::new();
         rb.add(&sched.skel.maps.events, move |b: &[u8]| {
-            if let Some(o) = GpuOpen::decode(b) {
+            if let Some(o) = decode_gpu_open(b) {
                 let _ = tx.send(o);
             } else if let Some(e) = decode_proc_event(b) {
                 let _ = ptx.send(e);
@@ -682,10 +665,12 @@ impl Pinned {
     }
 }
 
-/// Logs once that a write failed for a reason other than a full map.
-pub fn warn_write(tid: u32, e: &WriteError) {
-    if let WriteError::Other(msg) = e {
-        warn!("task_class update for tid {tid} failed: {msg}");
+impl DecisionSink for Scheduler<'_> {
+    fn write(&self, tid: u32, start_ticks: u64, d: &Decision) -> Result<(), WriteError> {
+        Scheduler::write(self, tid, start_ticks, d)
+    }
+    fn remove(&self, tid: u32) {
+        Scheduler::remove(self, tid)
     }
 }
 

@@ -112,7 +112,6 @@
 //! copy of the snapshot would not make the observer sample the threads, so
 //! they would have no deltas and never leave Unknown.
 
-mod config;
 mod evidence;
 mod process;
 mod procfile;
@@ -132,11 +131,12 @@ use std::time::{Duration, Instant};
 
 use procfs::FromRead;
 
-pub use config::ObserveConfig;
+pub use crate::config::ObserveConfig;
 pub use evidence::resolve_visible_devices;
 pub use roles::{role_from_name, thread_role};
 pub use types::*;
 
+use crate::events::{ProcEvent, ProcEventKind};
 use crate::gpu::GpuProvider;
 use evidence::{is_multiprocessing_child, is_python, EvidenceMatcher};
 use process::{ProcEntry, ProcSettings};

@@ -400,25 +400,6 @@ pub struct GoneThread {
 /// A GPU as the provider sees it (copied into the snapshot for topology/stats).
 pub use crate::gpu::GpuDevice;
 
-/// What the kernel told of a process (the scheduler's process events).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProcEventKind {
-    /// Forked.
-    New,
-    /// Exec'd another program.
-    Exec,
-    /// Its leader exited.
-    Exit,
-}
-
-/// A process event: `pid` (its tgid), started at `start_ticks` (USER_HZ).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcEvent {
-    pub kind: ProcEventKind,
-    pub pid: i32,
-    pub start_ticks: u64,
-}
-
 /// The result of one observer pass.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {

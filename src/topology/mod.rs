@@ -33,7 +33,7 @@ mod pci;
 #[cfg(test)]
 mod tests;
 
-pub use config::{GpuNodePin, TopologyConfig};
+use crate::config::TopologyConfig;
 pub use pci::{Gpu, GpuVendor, PciAddr};
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
+use crate::config::GpuNodePin;
 
 /// A throw-away sysfs root; removed on drop.
 struct Fixture(PathBuf);
