@@ -15,8 +15,8 @@ pub mod class;
 pub mod config;
 pub mod daemon;
 pub mod decisions;
-pub mod devices;
-pub mod events;
+mod devices;
+mod events;
 pub mod gpu;
 pub mod inspect;
 pub mod logging;
@@ -28,10 +28,10 @@ pub mod pipeline;
 pub mod policy;
 pub mod policy_script;
 pub mod reload;
-pub mod rules;
+mod rules;
 pub mod sched;
 pub mod stats;
-pub mod tenants;
+mod tenants;
 pub mod topology;
 
 /// Structs and constants shared with the BPF side (generated from src/bpf/intf.h).
@@ -42,6 +42,6 @@ pub mod bpf_intf {
 
 /// The libbpf-rs skeleton of src/bpf/main.bpf.c.
 #[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all)]
-pub mod bpf_skel {
+mod bpf_skel {
     include!(concat!(env!("OUT_DIR"), "/bpf_skel.rs"));
 }
