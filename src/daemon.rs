@@ -36,7 +36,7 @@ use crate::pipeline::Pipeline;
 use crate::reload::Reloader;
 use crate::sched::{self, LoadOptions, Scheduler};
 use crate::stats::{self, Metrics, TenantMetrics};
-use crate::topology::Topology;
+use crate::topology::{Topology, SYSFS_ROOT};
 
 /// Loads the source again and gives it to the pipeline; an invalid file is
 /// rejected and the running configuration stays. Returns whether it took.
@@ -74,7 +74,7 @@ pub fn version() -> &'static str {
 /// after CPU hotplug it means the node's CPUs went offline: the pins wait
 /// (with a warning) for a later restart that finds the node online again.
 fn read_topology(cfg: &Config, after_hotplug: bool) -> Result<Topology> {
-    let mut topo = Topology::read(Path::new("/sys")).context("reading the CPU topology from /sys")?;
+    let mut topo = Topology::read(Path::new(SYSFS_ROOT)).context("reading the CPU topology from /sys")?;
     if let Err(e) = topo.apply_config(&cfg.topology) {
         if !after_hotplug {
             bail!(e);

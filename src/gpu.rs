@@ -215,7 +215,7 @@ impl GpuProvider for FileProvider {
 // ---------------------------------------------------------------- NVML ----
 
 /// NVML through nvml-wrapper (libnvidia-ml loaded at run time).
-pub struct NvmlProvider {
+pub(crate) struct NvmlProvider {
     nvml: nvml_wrapper::Nvml,
     window_us: u64,
     devices: Vec<GpuDevice>,

@@ -40,7 +40,7 @@ use crate::phase::Phase;
 use crate::pipeline::Pipeline;
 use crate::policy::Decision;
 use crate::stats::Metrics;
-use crate::topology::Topology;
+use crate::topology::{Topology, SYSFS_ROOT};
 
 /// Options of `scx_zernel observe`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -243,7 +243,7 @@ fn dash<T: ToString>(v: Option<T>) -> String {
 }
 
 /// The table of one pass.
-pub fn render_text(v: &PassView, every_ms: u64) -> String {
+pub(crate) fn render_text(v: &PassView, every_ms: u64) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -345,7 +345,7 @@ pub fn run(cfg: Config, opts: &Options, shutdown: &AtomicBool) -> Result<()> {
         Some(ms) => Duration::from_millis(ms),
         None => period,
     };
-    let mut topo = Topology::read(Path::new("/sys")).unwrap_or_else(|e| {
+    let mut topo = Topology::read(Path::new(SYSFS_ROOT)).unwrap_or_else(|e| {
         warn!("cannot read the CPU topology from /sys ({e:#}); NUMA nodes will not be shown");
         Topology::default()
     });

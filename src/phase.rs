@@ -51,11 +51,10 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub const ALL: [Phase; 5] =
-        [Phase::DataLoading, Phase::GpuCompute, Phase::NcclCollective, Phase::OptimizerStep, Phase::Unknown];
-    pub const COUNT: usize = 5;
+    /// The number of phases: the size of per-phase arrays.
+    pub(crate) const COUNT: usize = 5;
 
-    /// Position in [`Phase::ALL`] (for per-phase arrays).
+    /// Position in per-phase arrays (`0..COUNT`).
     pub fn index(self) -> usize {
         self as usize
     }
@@ -103,7 +102,7 @@ pub struct PhaseStats {
 
 impl PhaseStats {
     /// Tracked threads currently in `phase`.
-    pub fn threads_in(&self, phase: Phase) -> u64 {
+    pub(crate) fn threads_in(&self, phase: Phase) -> u64 {
         self.threads[phase.index()]
     }
 }
@@ -146,7 +145,8 @@ impl PhaseDetector {
     }
 
     /// Number of tracked (ML) threads.
-    pub fn tracked(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn tracked(&self) -> usize {
         self.tracks.len()
     }
 

@@ -106,7 +106,7 @@ impl Pipeline {
     }
 
     /// The kernel saw process `pid` open a GPU device: ML in the next pass.
-    pub fn note_gpu_open(&mut self, o: &GpuOpen) {
+    pub(crate) fn note_gpu_open(&mut self, o: &GpuOpen) {
         let what = format!("device open {}:{} by tid {}", o.major, o.minor, o.tid);
         self.observer.note_device_open(o.pid as i32, o.start_ticks, &what);
     }
@@ -119,30 +119,30 @@ impl Pipeline {
     }
 
     /// Processes the kernel told of (fork, exec, exit) since the last pass.
-    pub fn note_process_events(&mut self, events: &[ProcEvent]) {
+    pub(crate) fn note_process_events(&mut self, events: &[ProcEvent]) {
         self.observer.note_process_events(events);
     }
 
     /// The kernel lost events: /proc is listed in the next pass.
-    pub fn note_events_lost(&mut self) {
+    pub(crate) fn note_events_lost(&mut self) {
         self.observer.note_events_lost();
     }
 
     /// The decisions go to a new, empty map (the scheduler was attached
     /// again): the next pass reports all of them in [`changed`](Self::changed).
-    pub fn resync(&mut self) {
+    pub(crate) fn resync(&mut self) {
         self.resync = true;
     }
 
     /// Takes a topology read again after CPU hotplug.
-    pub fn set_topology(&mut self, topo: Topology) {
+    pub(crate) fn set_topology(&mut self, topo: Topology) {
         self.topo = topo;
         self.full_due = true;
     }
 
     /// Takes a new configuration (rules, policy, phase thresholds, GPU
     /// source); the scheduler section needs a restart and is kept.
-    pub fn reconfigure(&mut self, mut cfg: Config) -> Result<()> {
+    pub(crate) fn reconfigure(&mut self, mut cfg: Config) -> Result<()> {
         let rules = Rules::compile(&cfg.rules, &cfg.tenant_names()).map_err(anyhow::Error::msg)?;
         let tenants =
             Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?.with_default_weight(cfg.tenancy.default_weight);
@@ -442,7 +442,7 @@ impl Pipeline {
     }
 
     /// The rule that matched a thread when it was last evaluated, if any.
-    pub fn rule_match(&self, tid: u32) -> Option<crate::rules::Match> {
+    pub(crate) fn rule_match(&self, tid: u32) -> Option<crate::rules::Match> {
         match_of(&self.rules, self.threads.get(&tid)?.slot?)
     }
 
@@ -498,7 +498,7 @@ pub struct PipelineCounts {
 
 /// Every this many passes every thread is decided again, not only those
 /// whose facts changed (1 s at the default 100 ms period).
-pub const FULL_PASS_EVERY: u64 = 10;
+pub(crate) const FULL_PASS_EVERY: u64 = 10;
 
 /// What the pipeline holds for a thread.
 struct Held {

@@ -25,7 +25,7 @@ use crate::rules::RuleVerdict;
 
 impl PolicyConfig {
     /// The policy of a phase; None for Unknown.
-    pub fn for_phase(&self, phase: Phase) -> Option<&PhasePolicy> {
+    pub(crate) fn for_phase(&self, phase: Phase) -> Option<&PhasePolicy> {
         match phase {
             Phase::DataLoading => Some(&self.data_loading),
             Phase::GpuCompute => Some(&self.gpu_compute),

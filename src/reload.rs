@@ -43,7 +43,7 @@ pub enum Trigger {
 
 /// The triggers of one daemon: SIGHUP and, with a config file, its
 /// directory's inotify watch.
-pub struct ReloadWatch {
+pub(crate) struct ReloadWatch {
     rx: Receiver<Trigger>,
     tx: Sender<Trigger>,
     watcher: Option<RecommendedWatcher>,
@@ -78,7 +78,7 @@ impl ReloadWatch {
     }
 
     /// Wakes on SIGHUP from now on.
-    pub fn on_sighup(&mut self) -> Result<()> {
+    pub(crate) fn on_sighup(&mut self) -> Result<()> {
         let mut signals =
             signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP]).context("installing SIGHUP")?;
         self.signals = Some(signals.handle());
@@ -98,7 +98,7 @@ impl ReloadWatch {
 
     /// Wakes on changes in `config`'s directory from now on. An error
     /// (inotify unavailable) leaves the watch without this source.
-    pub fn on_file(&mut self, config: &Path) -> Result<()> {
+    pub(crate) fn on_file(&mut self, config: &Path) -> Result<()> {
         let dir = dir_of(config);
         let tx = self.tx.clone();
         let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
@@ -119,7 +119,7 @@ impl ReloadWatch {
 
     /// Also wakes on changes in `file`'s directory (the policy script's),
     /// with the triggers of [`on_file`](Self::on_file).
-    pub fn on_file_too(&mut self, file: &Path) -> Result<()> {
+    pub(crate) fn on_file_too(&mut self, file: &Path) -> Result<()> {
         let dir = dir_of(file);
         if self.dirs.contains(&dir) {
             return Ok(());
@@ -132,7 +132,7 @@ impl ReloadWatch {
     }
 
     /// Whether changes of the file wake the loop (else it must poll).
-    pub fn watches_file(&self) -> bool {
+    pub(crate) fn watches_file(&self) -> bool {
         self.watcher.is_some()
     }
 
@@ -142,7 +142,8 @@ impl ReloadWatch {
     }
 
     /// Takes every trigger waiting: (any at all, any SIGHUP among them).
-    pub fn drain(&self) -> (bool, bool) {
+    #[cfg(test)]
+    pub(crate) fn drain(&self) -> (bool, bool) {
         let (mut any, mut signal) = (false, false);
         for t in self.rx.try_iter() {
             any = true;

@@ -77,7 +77,7 @@ impl LoadOptions {
 }
 
 /// Checks that this kernel can take a sched_ext scheduler and none is running.
-pub fn check_kernel() -> Result<()> {
+pub(crate) fn check_kernel() -> Result<()> {
     let root = Path::new(SCHED_EXT);
     if !root.is_dir() {
         bail!(
@@ -147,10 +147,10 @@ pub struct Counters {
 }
 
 /// Names of the per-class counters, in `enum zernel_class_stat` order.
-pub const CLASS_STAT_NAMES: [&str; bpf_intf::zernel_class_stat_ZSTAT_CLASS_NR as usize] =
+pub(crate) const CLASS_STAT_NAMES: [&str; bpf_intf::zernel_class_stat_ZSTAT_CLASS_NR as usize] =
     ["enqueued", "dispatched", "direct", "preempted", "starved", "wake_preempt"];
 /// Names of the global counters, in `enum zernel_global_stat` order.
-pub const GLOBAL_STAT_NAMES: [&str; bpf_intf::zernel_global_stat_ZGSTAT_NR as usize] = [
+pub(crate) const GLOBAL_STAT_NAMES: [&str; bpf_intf::zernel_global_stat_ZGSTAT_NR as usize] = [
     "map_hit",
     "map_miss",
     "map_stale",
@@ -210,7 +210,7 @@ fn read_counters(map: &dyn MapCore) -> Result<Counters> {
 /// before load), as read back from the kernel: the `[scheduler]` values
 /// after `--mode`, in the config's units.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Tunables {
+pub(crate) struct Tunables {
     /// Per class, in `Class::ALL` order.
     pub slice_us: [u64; NR_CLASSES],
     pub starvation_bound_ms: u64,
@@ -257,7 +257,7 @@ fn decode_tunables(b: &[u8]) -> Result<Tunables> {
 
 /// One entry of the task_class map, as read back.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub class: u32,
     pub slice_ns: u64,
     pub cpu: i32,
@@ -363,7 +363,7 @@ fn kernel_has_func(name: &str) -> bool {
 }
 
 /// A loaded and attached scheduler.
-pub struct Scheduler<'a> {
+pub(crate) struct Scheduler<'a> {
     /// Dropped first: the hook, then the ring buffer, before the skeleton.
     open_link: Option<libbpf_rs::Link>,
     events: Option<libbpf_rs::RingBuffer<'static>>,
@@ -513,7 +513,7 @@ impl<'a> Scheduler<'a> {
     /// Marks the GPU open of a process as judged by the daemon: its threads'
     /// entries (or none) decide from now on; the mark stays, so that its
     /// later opens send no more events.
-    pub fn unmark_gpu(&self, pid: u32) {
+    pub(crate) fn unmark_gpu(&self, pid: u32) {
         let map = &self.skel.maps.gpu_procs;
         let key = pid.to_ne_bytes();
         let Ok(Some(b)) = map.lookup(&key, MapFlags::ANY) else { return };
@@ -548,7 +548,7 @@ impl<'a> Scheduler<'a> {
 
     /// Writes the shares' weights: the tenants' (same count as at load), then
     /// the default share's at index `nr_tenants`.
-    pub fn set_tenant_weights(&self, tenants: &Tenants) -> Result<()> {
+    pub(crate) fn set_tenant_weights(&self, tenants: &Tenants) -> Result<()> {
         if tenants.len() != self.nr_tenants {
             bail!(
                 "the number of tenants changed ({} -> {}): restart scx_zernel to apply",
@@ -566,7 +566,7 @@ impl<'a> Scheduler<'a> {
 
     /// Tells the kernel the daemon is alive: its decisions hold for
     /// `decision_ttl_ms` from now.
-    pub fn heartbeat(&mut self) {
+    pub(crate) fn heartbeat(&mut self) {
         let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
         // SAFETY: clock_gettime writes one timespec. CLOCK_MONOTONIC is
         // bpf_ktime_get_ns()'s clock.
@@ -586,12 +586,12 @@ impl<'a> Scheduler<'a> {
         read_counters(&self.skel.maps.stats)
     }
 
-    pub fn map_capacity(&self) -> u32 {
+    pub(crate) fn map_capacity(&self) -> u32 {
         self.skel.maps.task_class.max_entries()
     }
 
     /// Did the BPF side exit (error, watchdog, sysrq)?
-    pub fn exited(&mut self) -> bool {
+    pub(crate) fn exited(&mut self) -> bool {
         uei_exited!(&self.skel, uei)
     }
 
@@ -620,7 +620,7 @@ impl Drop for Scheduler<'_> {
 }
 
 /// Read-only access to a running instance's pinned maps (`scx_zernel inspect`).
-pub struct Pinned {
+pub(crate) struct Pinned {
     task_class: MapHandle,
     stats: MapHandle,
     tunables: MapHandle,
@@ -639,7 +639,7 @@ impl Pinned {
         Ok(Pinned { task_class: open("task_class")?, stats: open("stats")?, tunables: open("tunables")? })
     }
 
-    pub fn tunables(&self) -> Result<Tunables> {
+    pub(crate) fn tunables(&self) -> Result<Tunables> {
         read_tunables(&self.tunables)
     }
 
@@ -651,7 +651,7 @@ impl Pinned {
         read_entry(&self.task_class, tid)
     }
 
-    pub fn map_entries(&self) -> Result<usize> {
+    pub(crate) fn map_entries(&self) -> Result<usize> {
         Ok(all_entries(&self.task_class)?.len())
     }
 
@@ -660,7 +660,7 @@ impl Pinned {
         all_entries(&self.task_class)
     }
 
-    pub fn map_capacity(&self) -> u32 {
+    pub(crate) fn map_capacity(&self) -> u32 {
         self.task_class.max_entries()
     }
 }

@@ -172,7 +172,7 @@ impl Pipeline {
 
 impl Metrics {
     /// Fills the daemon-side fields from the pipeline's counts.
-    pub fn set_pipeline(&mut self, c: &crate::pipeline::PipelineCounts) {
+    pub(crate) fn set_pipeline(&mut self, c: &crate::pipeline::PipelineCounts) {
         self.threads = c.threads;
         self.ml_threads = c.ml_threads;
         self.phase_data_loading = c.phase_data_loading;
@@ -189,7 +189,7 @@ impl Metrics {
     }
 
     /// Fills the kernel-side fields from the BPF counters.
-    pub fn set_counters(&mut self, c: &Counters) {
+    pub(crate) fn set_counters(&mut self, c: &Counters) {
         use crate::bpf_intf as i;
         let sum = |stat: u32| Class::ALL.iter().map(|&k| c.get(k, stat as usize)).sum::<u64>();
         let enq = i::zernel_class_stat_ZSTAT_ENQUEUED as usize;
@@ -221,7 +221,7 @@ impl Metrics {
     /// What the counters counted since `prev`, an earlier snapshot of the
     /// same daemon; gauges as they are now. A counter below its earlier value
     /// started again (the BPF side restarted): its whole value is new.
-    pub fn delta(&self, prev: &Metrics) -> Metrics {
+    pub(crate) fn delta(&self, prev: &Metrics) -> Metrics {
         let d = |now: u64, then: u64| if now >= then { now - then } else { now };
         Metrics {
             latency_enqueued: d(self.latency_enqueued, prev.latency_enqueued),

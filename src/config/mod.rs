@@ -33,7 +33,8 @@ pub use gpu::{GpuConfig, ProviderKind};
 pub use observe::ObserveConfig;
 pub use phase::PhaseConfig;
 pub use policy::{PhasePolicy, PolicyConfig};
-pub use source::{stamp, Mode, Source, Stamp};
+pub(crate) use source::{stamp, Stamp};
+pub use source::{Mode, Source};
 pub use topology::{GpuNodePin, TopologyConfig};
 
 use crate::bpf_intf;
@@ -114,7 +115,7 @@ impl Default for SchedulerConfig {
 
 /// Valid range of `scheduler.decision_ttl_ms`: longer than a few of the
 /// daemon's heartbeats (at least every 100 ms), at most an hour.
-pub const DECISION_TTL_MS_RANGE: std::ops::RangeInclusive<u64> = 500..=3_600_000;
+pub(crate) const DECISION_TTL_MS_RANGE: std::ops::RangeInclusive<u64> = 500..=3_600_000;
 
 impl SchedulerConfig {
     fn validate(&self) -> Result<(), String> {
@@ -215,7 +216,7 @@ impl Config {
     }
 
     /// Checks the values the type system cannot.
-    pub fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         self.scheduler.validate()?;
         self.observe.validate()?;
         self.phase.validate()?;
@@ -228,7 +229,7 @@ impl Config {
     }
 
     /// The `[[tenants]]` names, in order (rules refer to tenants by name).
-    pub fn tenant_names(&self) -> Vec<&str> {
+    pub(crate) fn tenant_names(&self) -> Vec<&str> {
         self.tenants.iter().map(|t| t.name.as_str()).collect()
     }
 

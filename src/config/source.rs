@@ -17,9 +17,9 @@ use crate::class::SLICE_US_RANGE;
 
 /// What identifies a version of the config file: (device, inode, size,
 /// mtime) of what the path resolves to; None if it cannot be read.
-pub type Stamp = Option<(u64, u64, u64, SystemTime)>;
+pub(crate) type Stamp = Option<(u64, u64, u64, SystemTime)>;
 
-pub fn stamp(path: &Path) -> Stamp {
+pub(crate) fn stamp(path: &Path) -> Stamp {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
     Some((m.dev(), m.ino(), m.len(), m.modified().ok()?))
@@ -93,7 +93,7 @@ impl Source {
         Ok(cfg)
     }
 
-    pub fn stamp(&self) -> Stamp {
+    pub(crate) fn stamp(&self) -> Stamp {
         stamp(self.path.as_deref()?)
     }
 }

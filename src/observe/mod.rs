@@ -103,8 +103,8 @@
 //! ```text
 //! gpu.refresh();
 //! let snap = observer.poll(gpu.as_ref());      // &Snapshot, valid until the next poll
-//! for p in snap.changed_processes() { ... }     // NEW / EXEC / RENAMED / CGROUP / ML / PARENT
-//! for t in snap.changed_threads() { ... }       // NEW / RENAMED / ML: evaluate rules here
+//! for p in &snap.processes { ... }             // p.changes: NEW / EXEC / RENAMED / CGROUP / ML / PARENT
+//! for t in &snap.threads { ... }               // t.changes: NEW / RENAMED / ML: evaluate rules on these
 //! let changes = detector.update(snap);
 //! observer.set_forced_ml(pid, Some(true));      // rule verdicts: effective at the next poll
 //! ```
@@ -187,7 +187,7 @@ pub struct Observer {
 /// With the kernel's process events, /proc is listed (a reconciliation:
 /// whatever the events missed) every this many rescan intervals (5 s by
 /// default), instead of whenever a task was created or exited.
-pub const RECONCILE_RESCANS: u32 = 5;
+pub(crate) const RECONCILE_RESCANS: u32 = 5;
 
 /// Result of classifying one process.
 struct Class {
@@ -249,7 +249,7 @@ impl Observer {
     /// discovered in the next pass (a recycled pid's old process is gone
     /// first), an exec'd one is rescanned then, an exited one let go of
     /// once its /proc directory is gone.
-    pub fn note_process_events(&mut self, events: &[ProcEvent]) {
+    pub(crate) fn note_process_events(&mut self, events: &[ProcEvent]) {
         let now = Instant::now();
         self.events_taken += events.len() as u64;
         for e in events {
@@ -268,28 +268,23 @@ impl Observer {
 
     /// The kernel lost process events (its ring buffer was full): /proc is
     /// listed in the next pass.
-    pub fn note_events_lost(&mut self) {
+    pub(crate) fn note_events_lost(&mut self) {
         self.next_listing = Instant::now();
     }
 
     /// (process events taken, /proc listings) since start.
-    pub fn discovery_counts(&self) -> (u64, u64) {
+    pub(crate) fn discovery_counts(&self) -> (u64, u64) {
         (self.events_taken, self.listings)
-    }
-
-    /// /proc files currently kept open.
-    pub fn cached_fds(&self) -> usize {
-        self.budget.used()
     }
 
     /// Forces a process to be ML (`Some(true)`), never ML (`Some(false)`),
     /// or back to automatic detection (`None`). For the rules engine: call it
-    /// for processes in [`Snapshot::changed_processes`]; it takes effect at
+    /// for processes whose `changes` are not empty; it takes effect at
     /// the next [`poll`](Self::poll) and lasts until the process exits or
     /// execs another program (an exec shows up as [`Changes::EXEC`], when
     /// rules are evaluated again). Children inherit a forced ML flag like
     /// any other. Returns false when the pid is unknown.
-    pub fn set_forced_ml(&mut self, pid: i32, force: Option<bool>) -> bool {
+    pub(crate) fn set_forced_ml(&mut self, pid: i32, force: Option<bool>) -> bool {
         match self.procs.get_mut(&pid) {
             Some(p) => {
                 p.forced = force;
@@ -304,7 +299,7 @@ impl Observer {
     /// `device_open`, described by `what`), until it exits or execs. A pid
     /// not discovered yet gets it at discovery, if that comes within a
     /// rescan interval and its start time matches.
-    pub fn note_device_open(&mut self, pid: i32, start_ticks: u64, what: &str) {
+    pub(crate) fn note_device_open(&mut self, pid: i32, start_ticks: u64, what: &str) {
         match self.procs.get_mut(&pid) {
             Some(p) if p.view.start_ticks == start_ticks => p.device_open = Some(Arc::from(what)),
             Some(_) => {}

@@ -66,6 +66,7 @@ impl FdBudget {
         FdBudget { used: Arc::new(AtomicUsize::new(0)), limit }
     }
 
+    #[cfg(test)]
     pub fn used(&self) -> usize {
         self.used.load(Ordering::Relaxed)
     }

@@ -44,7 +44,7 @@ use anyhow::{bail, Context, Result};
 use tracing::warn;
 
 /// Where sysfs is mounted on a real machine.
-pub const SYSFS_ROOT: &str = "/sys";
+pub(crate) const SYSFS_ROOT: &str = "/sys";
 
 /// The largest CPU id a cpulist may name (the kernel's NR_CPUS is at most 8192); guards against
 /// garbage like "0-4294967295" allocating gigabytes.
@@ -52,7 +52,7 @@ const MAX_CPUS: usize = 1 << 16;
 
 /// One online CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cpu {
+pub(crate) struct Cpu {
     /// Kernel CPU id.
     pub id: usize,
     /// NUMA node id.
@@ -94,12 +94,13 @@ impl Topology {
     }
 
     /// Number of online CPUs.
-    pub fn nr_cpus(&self) -> usize {
+    pub(crate) fn nr_cpus(&self) -> usize {
         self.cpus.len()
     }
 
     /// Online CPUs, ascending id.
-    pub fn cpus(&self) -> &[Cpu] {
+    #[cfg(test)]
+    pub(crate) fn cpus(&self) -> &[Cpu] {
         &self.cpus
     }
 
@@ -108,24 +109,25 @@ impl Topology {
     }
 
     /// NUMA node of `cpu`, or `None` if it is not an online CPU.
-    pub fn cpu_node(&self, cpu: usize) -> Option<usize> {
+    pub(crate) fn cpu_node(&self, cpu: usize) -> Option<usize> {
         self.cpu(cpu).map(|c| c.node)
     }
 
     /// Ids of the nodes that have at least one online CPU, ascending. Memory-only nodes (CXL,
     /// HBM) are left out: the scheduler cannot place a thread on them.
-    pub fn nodes(&self) -> Vec<usize> {
+    pub(crate) fn nodes(&self) -> Vec<usize> {
         self.nodes.keys().copied().collect()
     }
 
     /// One past the highest id in [`Self::nodes`]: the size of an array indexed by node id.
     /// Equals `nodes().len()` when node ids are contiguous (as they almost always are).
-    pub fn nr_nodes(&self) -> usize {
+    pub(crate) fn nr_nodes(&self) -> usize {
         self.nodes.keys().next_back().map_or(1, |&n| n + 1)
     }
 
     /// Online CPUs of `node`, ascending (empty for an unknown or CPU-less node).
-    pub fn node_cpus(&self, node: usize) -> &[usize] {
+    #[cfg(test)]
+    pub(crate) fn node_cpus(&self, node: usize) -> &[usize] {
         self.nodes.get(&node).map(Vec::as_slice).unwrap_or(&[])
     }
 
@@ -137,7 +139,7 @@ impl Topology {
     /// Records the GPU provider's device list, `(index, PCI bus id)` as NVML reports it, e.g.
     /// `(0, "00000000:3B:00.0")`. Replaces any earlier list. Bus ids that do not parse are
     /// skipped with a warning.
-    pub fn set_gpu_devices<S: AsRef<str>>(&mut self, devices: &[(u32, S)]) {
+    pub(crate) fn set_gpu_devices<S: AsRef<str>>(&mut self, devices: &[(u32, S)]) {
         self.gpu_addrs.clear();
         for (index, bus_id) in devices {
             match bus_id.as_ref().parse::<PciAddr>() {
@@ -153,12 +155,13 @@ impl Topology {
     }
 
     /// PCI address of GPU `gpu_index`, from the device list given to [`Self::set_gpu_devices`].
-    pub fn gpu_addr(&self, gpu_index: u32) -> Option<PciAddr> {
+    #[cfg(test)]
+    pub(crate) fn gpu_addr(&self, gpu_index: u32) -> Option<PciAddr> {
         self.gpu_addrs.get(&gpu_index).copied()
     }
 
     /// Checks `cfg` against this machine and installs its GPU -> node pins (replacing earlier ones).
-    pub fn apply_config(&mut self, cfg: &TopologyConfig) -> Result<(), String> {
+    pub(crate) fn apply_config(&mut self, cfg: &TopologyConfig) -> Result<(), String> {
         cfg.validate(self)?;
         let (by_index, by_addr) = cfg.pins()?;
         for addr in by_addr.keys() {
@@ -174,7 +177,7 @@ impl Topology {
     /// NUMA node of GPU `gpu_index`: a config pin by index, else a config pin by its bus id,
     /// else the `numa_node` sysfs reports for its bus id. `None` if none of those knows, or if
     /// sysfs names a node with no online CPU.
-    pub fn gpu_node(&self, gpu_index: u32) -> Option<usize> {
+    pub(crate) fn gpu_node(&self, gpu_index: u32) -> Option<usize> {
         if let Some(&node) = self.pins_by_index.get(&gpu_index) {
             return Some(node);
         }
@@ -190,7 +193,7 @@ impl Topology {
     /// the slice whose node is known (GPUs with unknown nodes are skipped). A process spread over
     /// GPUs on several nodes thus follows the GPU it lists first, e.g. its `cuda:0`. `None` if no
     /// listed GPU has a known node.
-    pub fn preferred_node_for_gpus(&self, gpu_indices: &[u32]) -> Option<usize> {
+    pub(crate) fn preferred_node_for_gpus(&self, gpu_indices: &[u32]) -> Option<usize> {
         gpu_indices.iter().find_map(|&g| self.gpu_node(g))
     }
 }
@@ -277,7 +280,7 @@ fn cpu_nodes(node_dir: &Path, online: &[usize]) -> BTreeMap<usize, usize> {
 
 /// Parses a kernel cpulist such as "0-3,8,10-11" (ascending, deduplicated). Empty input is an
 /// empty list (a CPU-less node's cpulist is just "\n").
-pub fn parse_cpulist(s: &str) -> Result<Vec<usize>, String> {
+pub(crate) fn parse_cpulist(s: &str) -> Result<Vec<usize>, String> {
     let mut cpus = BTreeSet::new();
     for part in s.trim_matches(|c: char| c == '\0' || c.is_whitespace()).split(',') {
         let part = part.trim();
