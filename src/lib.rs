@@ -34,6 +34,11 @@ pub mod stats;
 mod tenants;
 pub mod topology;
 
+/// Unit tests' temporary directories (the file the integration tests share).
+#[cfg(test)]
+#[path = "../tests/common/tempdir.rs"]
+mod tempdir;
+
 /// Structs and constants shared with the BPF side (generated from src/bpf/intf.h).
 #[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
 pub mod bpf_intf {

@@ -1,34 +1,26 @@
 //! Tests against sysfs fixture trees built in a temp dir.
 
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 
 use super::*;
 use crate::config::GpuNodePin;
+use crate::tempdir::TempDir;
 
 /// A throw-away sysfs root; removed on drop.
-struct Fixture(PathBuf);
+struct Fixture(TempDir);
 
 impl Fixture {
     fn new() -> Fixture {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "zernel-topo-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        Fixture(dir)
+        Fixture(TempDir::new("topo"))
     }
 
     fn root(&self) -> &Path {
-        &self.0
+        self.0.path()
     }
 
     fn write(&self, rel: &str, content: &str) -> &Self {
-        let path = self.0.join(rel);
+        let path = self.0.path().join(rel);
         fs::create_dir_all(path.parent().unwrap()).unwrap();
         fs::write(path, content).unwrap();
         self
@@ -39,12 +31,6 @@ impl Fixture {
         self.write(&format!("{d}/vendor"), &format!("{vendor}\n"));
         self.write(&format!("{d}/class"), &format!("{class}\n"));
         self.write(&format!("{d}/numa_node"), &format!("{numa_node}\n"))
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
     }
 }
 
