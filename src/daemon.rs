@@ -32,7 +32,7 @@ use crate::bpf_intf;
 use crate::config::{Config, Source};
 use crate::decisions::Decisions;
 use crate::events::{GpuOpen, ProcEvent};
-use crate::pipeline::Pipeline;
+use crate::pipeline::{until_next_pass, Pipeline};
 use crate::reload::Reloader;
 use crate::sched::{self, LoadOptions, Scheduler};
 use crate::stats::{self, Metrics, TenantMetrics};
@@ -252,16 +252,13 @@ fn serve(
         // reload trigger ends the sleep at once.
         let period = Duration::from_millis(pipeline.cfg.phase.phase_eval_interval_ms);
         let triggers = reloader.receiver().clone();
-        while let Some(left) = period.checked_sub(started.elapsed()) {
-            if shutdown.load(Ordering::Relaxed) {
-                break;
-            }
+        until_next_pass(started, period, shutdown, |left| -> Result<bool> {
             sched.heartbeat();
             let (told, events) = sched.events();
             procs.extend(events);
             if !told.is_empty() {
                 opens.extend(told.into_iter().map(|o| (o, 0)));
-                break;
+                return Ok(false);
             }
             let mut woken = None;
             crossbeam::select! {
@@ -272,9 +269,7 @@ fn serve(
                 recv(triggers) -> t => woken = t.ok(),
                 default(left.min(Duration::from_millis(20))) => {}
             }
-            if woken.is_some_and(|t| reloader.note(source, t)) {
-                break;
-            }
-        }
+            Ok(!woken.is_some_and(|t| reloader.note(source, t)))
+        })?;
     }
 }

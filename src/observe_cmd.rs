@@ -37,7 +37,7 @@ use tracing::warn;
 use crate::class::Class;
 use crate::config::Config;
 use crate::phase::Phase;
-use crate::pipeline::Pipeline;
+use crate::pipeline::{until_next_pass, Pipeline};
 use crate::policy::Decision;
 use crate::stats::Metrics;
 use crate::topology::{Topology, SYSFS_ROOT};
@@ -385,12 +385,14 @@ pub fn run(cfg: Config, opts: &Options, shutdown: &AtomicBool) -> Result<()> {
             }
         }
         // Sleep to the next pass, waking for SIGINT.
-        while let Some(left) = period.checked_sub(started.elapsed()) {
-            if shutdown.load(Ordering::Relaxed) || left.is_zero() {
-                break;
+        until_next_pass(started, period, shutdown, |left| {
+            if left.is_zero() {
+                return Ok::<_, std::convert::Infallible>(false);
             }
             std::thread::sleep(left.min(Duration::from_millis(50)));
-        }
+            Ok(true)
+        })
+        .unwrap_or_else(|e| match e {});
     }
     Ok(())
 }

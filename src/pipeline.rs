@@ -10,8 +10,9 @@
 //! The daemon (attached) and `scx_zernel observe` (not) both run it.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use rustc_hash::FxHashMap;
@@ -494,6 +495,24 @@ pub struct PipelineCounts {
     /// listings, since start.
     pub proc_events: u64,
     pub proc_listings: u64,
+}
+
+/// Waits out the rest of the pass period that began at `started`: calls
+/// `wait(left)`, which should block for at most `left`, until the period is
+/// over, `shutdown` is set, or `wait` returns false (woken for a reason
+/// that ends the wait).
+pub(crate) fn until_next_pass<E>(
+    started: Instant,
+    period: Duration,
+    shutdown: &AtomicBool,
+    mut wait: impl FnMut(Duration) -> Result<bool, E>,
+) -> Result<(), E> {
+    while let Some(left) = period.checked_sub(started.elapsed()) {
+        if shutdown.load(Ordering::Relaxed) || !wait(left)? {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Every this many passes every thread is decided again, not only those
