@@ -103,7 +103,7 @@ pub fn run(
     let published = match metrics_addr {
         Some(addr) => {
             let current = Arc::new(Mutex::new(Metrics::default()));
-            crate::metrics::serve(addr, current.clone())?;
+            crate::openmetrics::serve(addr, current.clone())?;
             Some(current)
         }
         None => None,

@@ -22,7 +22,7 @@ stages=(
   "pipeline"
   "decisions"
   "sched"                                  # the task_class map
-  "stats metrics"                          # at the side: they read every stage
+  "stats openmetrics"                      # at the side: they read every stage
   "daemon reload inspect observe_cmd"      # the commands that run the stages
 )
 

@@ -28,7 +28,7 @@
 //!                       threads: relist task/ if the count changed; names due
 //!                       re-read (back-off); ML threads sampled (thread.rs)
 //!                                 │
-//!  GPU provider ─────────> classify: own evidence | GPU user | forced | ancestor ML
+//!  GPU provider ──> classify_processes: own evidence | GPU user | forced | ancestor ML
 //!                                 │  -> ml flag, DataLoader process, roles, GPUs
 //!                                 v
 //!                             Snapshot
@@ -190,7 +190,7 @@ pub struct Observer {
 pub(crate) const RECONCILE_RESCANS: u32 = 5;
 
 /// Result of classifying one process.
-struct Class {
+struct ProcessVerdict {
     ml: bool,
     evidence: MlEvidence,
     /// The evidence described, when the evidence changed.
@@ -456,7 +456,7 @@ impl Observer {
             None => start_time_young(*told, rescan),
         });
 
-        let newly_ml = classify(procs, gpu, self.inherit_depth);
+        let newly_ml = classify_processes(procs, gpu, self.inherit_depth);
         // Baseline samples for threads of processes that just became ML, so
         // that the next pass has deltas.
         for pid in newly_ml {
@@ -526,7 +526,7 @@ fn start_time_young(told: Instant, rescan: Duration) -> bool {
 
 /// Decides ML, evidence, DataLoader status and roles for every process.
 /// Returns the pids that became ML in this pass.
-fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: u32) -> Vec<i32> {
+fn classify_processes(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: u32) -> Vec<i32> {
     let gpu_pids: std::collections::HashSet<i32> =
         gpu.processes().iter().filter_map(|p| i32::try_from(p.pid).ok()).collect();
     let own = |p: &ProcEntry| {
@@ -557,7 +557,7 @@ fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: 
     };
 
     // In the map's order, which the loop below walks again.
-    let mut classes: Vec<Class> = Vec::with_capacity(procs.len());
+    let mut verdicts: Vec<ProcessVerdict> = Vec::with_capacity(procs.len());
     for (&pid, p) in procs.iter() {
         let own_ev = own(p);
         let from_parent = p.forced.is_none() && own_ev.is_empty() && inherited(p);
@@ -598,11 +598,11 @@ fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: 
             )
         };
         let parent_comm = parent.map(|a| a.view.comm.clone());
-        classes.push(Class { ml, evidence, detail, loader, parent_comm });
+        verdicts.push(ProcessVerdict { ml, evidence, detail, loader, parent_comm });
     }
 
     let mut newly_ml = Vec::new();
-    for ((&pid, p), c) in procs.iter_mut().zip(classes) {
+    for ((&pid, p), c) in procs.iter_mut().zip(verdicts) {
         let v = &mut p.view;
         let was_ml = v.ml;
         if (c.ml != v.ml || c.evidence != v.evidence) && !v.changes.contains(Changes::NEW) {
