@@ -10,6 +10,7 @@
 use rustc_hash::FxHashMap;
 use tracing::warn;
 
+use crate::pipeline::Change;
 use crate::policy::Decision;
 
 /// Where decisions go: the task_class map (sched.rs's `Scheduler`), or
@@ -38,10 +39,17 @@ fn warn_write(tid: u32, e: &WriteError) {
 /// map was full): retried every pass until written or withdrawn.
 #[derive(Default)]
 pub struct Decisions {
-    /// tid -> (start time, decision) in the map.
-    held: FxHashMap<u32, (u64, Decision)>,
-    /// tid -> (start time, decision) not written yet.
-    pending: FxHashMap<u32, (u64, Decision)>,
+    /// tid -> the entry in the map.
+    held: FxHashMap<u32, Entry>,
+    /// tid -> the entry not written yet.
+    pending: FxHashMap<u32, Entry>,
+}
+
+/// A thread's entry: its start time (USER_HZ ticks) and its decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    start_ticks: u64,
+    decision: Decision,
 }
 
 impl Decisions {
@@ -49,30 +57,31 @@ impl Decisions {
     /// [`Pipeline::changed`](crate::pipeline::Pipeline::changed)): writes
     /// a new or different decision, removes a withdrawn one, and retries
     /// the writes that failed before. Returns (written, full).
-    pub fn apply(&mut self, sink: &impl DecisionSink, changed: &[(u32, u64, Option<Decision>)]) -> (u64, u64) {
+    pub fn apply(&mut self, sink: &impl DecisionSink, changed: &[Change]) -> (u64, u64) {
         let (mut written, mut full) = (0, 0);
-        for (tid, start, d) in changed {
-            match d {
-                Some(d) => {
-                    if self.held.get(tid) != Some(&(*start, *d)) {
-                        self.pending.insert(*tid, (*start, *d));
+        for c in changed {
+            match c.decision {
+                Some(decision) => {
+                    let e = Entry { start_ticks: c.start_ticks, decision };
+                    if self.held.get(&c.tid) != Some(&e) {
+                        self.pending.insert(c.tid, e);
                     }
                 }
                 None => {
-                    self.pending.remove(tid);
+                    self.pending.remove(&c.tid);
                     // exit_task deletes the entry of an exiting thread, but a
                     // thread that exited between the observer's pass and our
                     // write got its entry after exit_task ran: delete anyway.
-                    if self.held.remove(tid).is_some() {
-                        sink.remove(*tid);
+                    if self.held.remove(&c.tid).is_some() {
+                        sink.remove(c.tid);
                     }
                 }
             }
         }
         let held = &mut self.held;
-        self.pending.retain(|tid, (start, d)| match sink.write(*tid, *start, d) {
+        self.pending.retain(|tid, e| match sink.write(*tid, e.start_ticks, &e.decision) {
             Ok(()) => {
-                held.insert(*tid, (*start, *d));
+                held.insert(*tid, *e);
                 written += 1;
                 false
             }

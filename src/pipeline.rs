@@ -43,9 +43,8 @@ pub struct Pipeline {
     detector: PhaseDetector,
     /// Per thread: the rule it matched and the decision in force.
     threads: FxHashMap<u32, Held>,
-    /// What changed in the last pass: (tid, start time, the new decision, or
-    /// None when it was withdrawn).
-    changed: Vec<(u32, u64, Option<Decision>)>,
+    /// What changed in the last pass.
+    changed: Vec<Change>,
     /// GPUs of each process at its last decision: a change re-decides its
     /// threads (their node, the script's `gpus`).
     proc_gpus: FxHashMap<i32, Arc<[u32]>>,
@@ -232,7 +231,7 @@ impl Pipeline {
             if self.threads.get(&tid).is_some_and(|h| h.start_ticks == g.start_ticks) {
                 let h = self.threads.remove(&tid).expect("looked up");
                 if h.decision.is_some() {
-                    self.changed.push((tid, h.start_ticks, None));
+                    self.changed.push(Change { tid, start_ticks: h.start_ticks, decision: None });
                 }
                 if let Some(s) = &mut self.script {
                     s.forget(tid);
@@ -373,7 +372,7 @@ impl Pipeline {
             }
             if held.decision != d || ((recycled || resync) && d.is_some()) {
                 held.decision = d;
-                self.changed.push((tid, t.start_ticks, d));
+                self.changed.push(Change { tid, start_ticks: t.start_ticks, decision: d });
             }
         }
         if full {
@@ -385,7 +384,7 @@ impl Pipeline {
             self.threads.retain(|&tid, h| {
                 let keep = h.seen == passes;
                 if !keep && h.decision.is_some() {
-                    changed.push((tid, h.start_ticks, None));
+                    changed.push(Change { tid, start_ticks: h.start_ticks, decision: None });
                 }
                 keep
             });
@@ -415,10 +414,9 @@ impl Pipeline {
         self.observer.snapshot()
     }
 
-    /// The decisions that changed in the last pass: (tid, start time, the
-    /// new decision, or None for one withdrawn: the thread is gone or has
-    /// none now). What `Decisions::apply` (decisions.rs) writes.
-    pub fn changed(&self) -> &[(u32, u64, Option<Decision>)] {
+    /// The decisions that changed in the last pass. What
+    /// `Decisions::apply` (decisions.rs) writes.
+    pub fn changed(&self) -> &[Change] {
         &self.changed
     }
 
@@ -470,6 +468,17 @@ impl Pipeline {
             proc_listings: self.discovery_retired.1 + l,
         }
     }
+}
+
+/// A thread's decision that changed in a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Change {
+    pub tid: u32,
+    /// The thread's start time (USER_HZ ticks), for the map entry.
+    pub start_ticks: u64,
+    /// The new decision, or None for one withdrawn: the thread is gone or
+    /// has none now.
+    pub decision: Option<Decision>,
 }
 
 /// The pipeline's counters: threads seen, threads in each phase, the last
@@ -554,7 +563,7 @@ mod tests {
 
     /// (tid, class or None for withdrawn) of the last pass's changes, sorted.
     fn changes(p: &Pipeline) -> Vec<(u32, Option<Class>)> {
-        let mut v: Vec<_> = p.changed().iter().map(|(tid, _, d)| (*tid, d.map(|d| d.class))).collect();
+        let mut v: Vec<_> = p.changed().iter().map(|c| (c.tid, c.decision.map(|d| d.class))).collect();
         v.sort();
         v
     }
