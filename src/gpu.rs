@@ -334,16 +334,12 @@ impl GpuProvider for NvmlProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn temp_file(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("zernel-gpu-test-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir.join("gpu.json")
-    }
+    use crate::tempdir::TempDir;
 
     #[test]
     fn file_provider_reads_and_tolerates_bad_input() {
-        let path = temp_file("parse");
+        let dir = TempDir::new("gpu-parse");
+        let path = dir.path().join("gpu.json");
         let _ = std::fs::remove_file(&path);
         let mut p = FileProvider::new(path.clone());
         p.refresh();

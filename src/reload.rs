@@ -275,6 +275,7 @@ impl Reloader {
 mod tests {
     use super::*;
     use crate::config::Mode;
+    use crate::tempdir::TempDir;
 
     fn wait(w: &ReloadWatch, within: Duration) -> Option<Trigger> {
         w.receiver().recv_timeout(within).ok()
@@ -282,8 +283,8 @@ mod tests {
 
     #[test]
     fn replaced_written_and_removed_files_wake_partial_writes_do_not() {
-        let dir = std::env::temp_dir().join(format!("zernel-reload-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = TempDir::new("reload");
+        let dir = tmp.path();
         let cfg = dir.join("zernel.toml");
         std::fs::write(&cfg, "").unwrap();
         let mut w = ReloadWatch::new();
@@ -312,7 +313,6 @@ mod tests {
         std::fs::remove_file(&cfg).unwrap();
         assert_eq!(wait(&w, Duration::from_secs(2)), Some(Trigger::File));
         assert_eq!(stamp(&cfg), None);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -326,9 +326,8 @@ mod tests {
     #[test]
     fn only_a_changed_file_makes_a_reload_due() {
         use std::time::Duration;
-        let dir = std::env::temp_dir().join(format!("zernel-reload-due-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).unwrap();
+        let tmp = TempDir::new("reload-due");
+        let dir = tmp.path();
         let cfg = dir.join("zernel.toml");
         let rule = |c: &str| format!("[[rules]]\ncomm = \"{c}\"\nclass = \"batch\"\n");
         std::fs::write(&cfg, rule("^a$")).unwrap();
@@ -354,6 +353,5 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         while let Ok(Trigger::File) = r.receiver().try_recv() {}
         assert!(!r.due(&source));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
