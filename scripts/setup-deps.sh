@@ -9,6 +9,7 @@
 # and needs no root. Installs
 #   - the BPF build: clang-19 (clang >= 18 is needed), libelf-dev, zlib1g-dev,
 #     pkg-config, make, gcc (libbpf is built from source by libbpf-sys);
+#   - tests/lint.sh's check of the BPF C: clang-format-19;
 #   - the VM tests: busybox-static (the guest's userland), stress-ng and
 #     rt-tests (cyclictest) as workloads, systemd (systemd-analyze verify of the
 #     unit), and qemu-system-x86 >= 10 from
@@ -31,7 +32,7 @@ set -eEuo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VMRUN=$ROOT/tests/vm/vmrun.sh
-PKGS=(clang-19 libelf-dev zlib1g-dev pkg-config make gcc busybox-static stress-ng rt-tests systemd shellcheck
+PKGS=(clang-19 clang-format-19 libelf-dev zlib1g-dev pkg-config make gcc busybox-static stress-ng rt-tests systemd shellcheck
       libseccomp-dev libcap-ng-dev python3-venv)
 TORCH=torch==2.15.0 VIRTME=virtme-ng==1.42 VIRTIOFSD=virtiofsd@1.14.0
 VENV=${VMRUN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel/venv}

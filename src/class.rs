@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::bpf_intf;
 
 /// Number of classes (`ZCLASS_NR`).
-pub const NR_CLASSES: usize = bpf_intf::zernel_class_ZCLASS_NR as usize;
+pub(crate) const NR_CLASSES: usize = bpf_intf::zernel_class_ZCLASS_NR as usize;
 
 /// A scheduling class, highest priority first: `enum zernel_class`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
@@ -35,14 +35,14 @@ pub enum Class {
 
 impl Class {
     /// Every class, in the BPF side's order (its index).
-    pub const ALL: [Class; NR_CLASSES] = [Class::Latency, Class::Ml, Class::Normal, Class::Batch];
+    pub(crate) const ALL: [Class; NR_CLASSES] = [Class::Latency, Class::Ml, Class::Normal, Class::Batch];
 
     /// The index used by the BPF side (`enum zernel_class`).
     pub fn index(self) -> u32 {
         self as u32
     }
 
-    pub fn from_index(i: u32) -> Option<Class> {
+    pub(crate) fn from_index(i: u32) -> Option<Class> {
         Class::ALL.get(i as usize).copied()
     }
 
@@ -73,7 +73,7 @@ impl fmt::Display for Class {
 
 /// Default slice of each class in microseconds, by index (intf.h's
 /// `ZERNEL_SLICE_US_*`, which main.bpf.c starts with too).
-pub const DEFAULT_SLICE_US: [u64; NR_CLASSES] = [
+pub(crate) const DEFAULT_SLICE_US: [u64; NR_CLASSES] = [
     bpf_intf::zernel_consts_ZERNEL_SLICE_US_LATENCY as u64,
     bpf_intf::zernel_consts_ZERNEL_SLICE_US_ML as u64,
     bpf_intf::zernel_consts_ZERNEL_SLICE_US_NORMAL as u64,
@@ -81,4 +81,4 @@ pub const DEFAULT_SLICE_US: [u64; NR_CLASSES] = [
 ];
 
 /// Valid range of a slice, in microseconds.
-pub const SLICE_US_RANGE: (u64, u64) = (50, 1_000_000);
+pub(crate) const SLICE_US_RANGE: (u64, u64) = (50, 1_000_000);

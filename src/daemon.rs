@@ -31,12 +31,12 @@ use tracing::{info, warn};
 use crate::bpf_intf;
 use crate::config::{Config, Source};
 use crate::decisions::Decisions;
-use crate::observe::ProcEvent;
-use crate::pipeline::Pipeline;
+use crate::events::{GpuOpen, ProcEvent};
+use crate::pipeline::{until_next_pass, Pipeline};
 use crate::reload::Reloader;
 use crate::sched::{self, LoadOptions, Scheduler};
 use crate::stats::{self, Metrics, TenantMetrics};
-use crate::topology::Topology;
+use crate::topology::{Topology, SYSFS_ROOT};
 
 /// Loads the source again and gives it to the pipeline; an invalid file is
 /// rejected and the running configuration stays. Returns whether it took.
@@ -74,7 +74,7 @@ pub fn version() -> &'static str {
 /// after CPU hotplug it means the node's CPUs went offline: the pins wait
 /// (with a warning) for a later restart that finds the node online again.
 fn read_topology(cfg: &Config, after_hotplug: bool) -> Result<Topology> {
-    let mut topo = Topology::read(Path::new("/sys")).context("reading the CPU topology from /sys")?;
+    let mut topo = Topology::read(Path::new(SYSFS_ROOT)).context("reading the CPU topology from /sys")?;
     if let Err(e) = topo.apply_config(&cfg.topology) {
         if !after_hotplug {
             bail!(e);
@@ -103,7 +103,7 @@ pub fn run(
     let published = match metrics_addr {
         Some(addr) => {
             let current = Arc::new(Mutex::new(Metrics::default()));
-            crate::metrics::serve(addr, current.clone())?;
+            crate::openmetrics::serve(addr, current.clone())?;
             Some(current)
         }
         None => None,
@@ -158,7 +158,7 @@ fn serve(
     let mut n: u64 = 0;
     // GPU opens told by the kernel, with the passes since: the mark is set
     // judged once a pass saw the process (or after 50 passes: gone).
-    let mut opens: Vec<(sched::GpuOpen, u32)> = Vec::new();
+    let mut opens: Vec<(GpuOpen, u32)> = Vec::new();
     // Process events since the last pass (drained while waiting too, so the
     // ring buffer does not fill), and the kernel's count of lost events.
     let mut procs: Vec<ProcEvent> = Vec::new();
@@ -252,16 +252,13 @@ fn serve(
         // reload trigger ends the sleep at once.
         let period = Duration::from_millis(pipeline.cfg.phase.phase_eval_interval_ms);
         let triggers = reloader.receiver().clone();
-        while let Some(left) = period.checked_sub(started.elapsed()) {
-            if shutdown.load(Ordering::Relaxed) {
-                break;
-            }
+        until_next_pass(started, period, shutdown, |left| -> Result<bool> {
             sched.heartbeat();
             let (told, events) = sched.events();
             procs.extend(events);
             if !told.is_empty() {
                 opens.extend(told.into_iter().map(|o| (o, 0)));
-                break;
+                return Ok(false);
             }
             let mut woken = None;
             crossbeam::select! {
@@ -272,9 +269,7 @@ fn serve(
                 recv(triggers) -> t => woken = t.ok(),
                 default(left.min(Duration::from_millis(20))) => {}
             }
-            if woken.is_some_and(|t| reloader.note(source, t)) {
-                break;
-            }
-        }
+            Ok(!woken.is_some_and(|t| reloader.note(source, t)))
+        })?;
     }
 }

@@ -15,8 +15,7 @@
 
 /// NVIDIA's character major (LANANA), the same whether its module is loaded or not.
 pub const NVIDIA_MAJOR: u32 = 195;
-/// The DRM major and its first render-node minor.
-pub const DRM_MAJOR: u32 = 226;
+/// DRM's first render-node minor (its major, 226, is read from /proc/devices).
 pub const DRM_RENDER_MINOR: u32 = 128;
 
 /// One watched major: opens of (major, minor >= `first_minor`) are GPU opens.

@@ -9,7 +9,7 @@
 //!                                NoGpu (no data, not an error)
 //! ```
 //! The daemon calls [`GpuProvider::refresh`] once per pass, then hands the
-//! provider to [`crate::observe::Observer::poll`], which joins the
+//! provider to the observer's `poll`, which joins the
 //! per-process list with the processes it sees (pid -> device, SM %).
 //!
 //! **NVML** (`libnvidia-ml.so.1`) is loaded at run time by nvml-wrapper:
@@ -38,6 +38,8 @@ use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+
+use crate::config::{GpuConfig, ProviderKind};
 
 /// One GPU.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,49 +72,6 @@ pub trait GpuProvider: Send {
     fn devices(&self) -> &[GpuDevice];
     /// Per-process usage; a process may appear once per device it uses.
     fn processes(&self) -> &[GpuProcess];
-}
-
-/// `[gpu] provider`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ProviderKind {
-    /// NVML if it loads, else the file provider if `file` is set, else none.
-    #[default]
-    Auto,
-    Nvml,
-    File,
-    None,
-}
-
-/// The `[gpu]` section.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct GpuConfig {
-    /// Where GPU data comes from: "auto", "nvml", "file" or "none".
-    pub provider: ProviderKind,
-    /// JSON file of the file provider (format in the module doc). Required
-    /// with provider = "file"; with "auto", used when NVML is absent.
-    pub file: String,
-    /// NVML: per-process utilisation samples younger than this (ms) count.
-    pub nvml_sample_window_ms: u64,
-}
-
-impl Default for GpuConfig {
-    fn default() -> Self {
-        GpuConfig { provider: ProviderKind::Auto, file: String::new(), nvml_sample_window_ms: 1000 }
-    }
-}
-
-impl GpuConfig {
-    pub fn validate(&self) -> Result<(), String> {
-        if self.provider == ProviderKind::File && self.file.trim().is_empty() {
-            return Err("gpu.file must be set when gpu.provider = \"file\"".into());
-        }
-        if !(10..=60_000).contains(&self.nvml_sample_window_ms) {
-            return Err("gpu.nvml_sample_window_ms must be within 10..=60000".into());
-        }
-        Ok(())
-    }
 }
 
 /// Builds the provider `cfg` asks for. Never fails: without data the
@@ -256,7 +215,7 @@ impl GpuProvider for FileProvider {
 // ---------------------------------------------------------------- NVML ----
 
 /// NVML through nvml-wrapper (libnvidia-ml loaded at run time).
-pub struct NvmlProvider {
+pub(crate) struct NvmlProvider {
     nvml: nvml_wrapper::Nvml,
     window_us: u64,
     devices: Vec<GpuDevice>,
@@ -375,16 +334,12 @@ impl GpuProvider for NvmlProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn temp_file(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("zernel-gpu-test-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir.join("gpu.json")
-    }
+    use crate::tempdir::TempDir;
 
     #[test]
     fn file_provider_reads_and_tolerates_bad_input() {
-        let path = temp_file("parse");
+        let dir = TempDir::new("gpu-parse");
+        let path = dir.path().join("gpu.json");
         let _ = std::fs::remove_file(&path);
         let mut p = FileProvider::new(path.clone());
         p.refresh();

@@ -29,7 +29,7 @@ fn class_name(index: u32) -> String {
 }
 
 /// One line describing a decision held by the kernel.
-pub fn format_entry(tid: u32, e: &Entry) -> String {
+pub(crate) fn format_entry(tid: u32, e: &Entry) -> String {
     let class = class_name(e.class);
     format!(
         "tid={tid} class={class} slice_us={} cpu={} node={} tenant={} preempt={} applied={}",

@@ -15,23 +15,29 @@ pub mod class;
 pub mod config;
 pub mod daemon;
 pub mod decisions;
-pub mod devices;
+mod devices;
+mod events;
 pub mod gpu;
 pub mod inspect;
 pub mod logging;
-pub mod metrics;
 pub mod observe;
 pub mod observe_cmd;
+pub mod openmetrics;
 pub mod phase;
 pub mod pipeline;
 pub mod policy;
 pub mod policy_script;
 pub mod reload;
-pub mod rules;
+mod rules;
 pub mod sched;
 pub mod stats;
-pub mod tenants;
+mod tenants;
 pub mod topology;
+
+/// Unit tests' temporary directories (the file the integration tests share).
+#[cfg(test)]
+#[path = "../tests/common/tempdir.rs"]
+mod tempdir;
 
 /// Structs and constants shared with the BPF side (generated from src/bpf/intf.h).
 #[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
@@ -41,6 +47,6 @@ pub mod bpf_intf {
 
 /// The libbpf-rs skeleton of src/bpf/main.bpf.c.
 #[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all)]
-pub mod bpf_skel {
+mod bpf_skel {
     include!(concat!(env!("OUT_DIR"), "/bpf_skel.rs"));
 }

@@ -37,10 +37,10 @@ use tracing::warn;
 use crate::class::Class;
 use crate::config::Config;
 use crate::phase::Phase;
-use crate::pipeline::Pipeline;
+use crate::pipeline::{until_next_pass, Pipeline};
 use crate::policy::Decision;
 use crate::stats::Metrics;
-use crate::topology::Topology;
+use crate::topology::{Topology, SYSFS_ROOT};
 
 /// Options of `scx_zernel observe`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -243,7 +243,7 @@ fn dash<T: ToString>(v: Option<T>) -> String {
 }
 
 /// The table of one pass.
-pub fn render_text(v: &PassView, every_ms: u64) -> String {
+pub(crate) fn render_text(v: &PassView, every_ms: u64) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -345,7 +345,7 @@ pub fn run(cfg: Config, opts: &Options, shutdown: &AtomicBool) -> Result<()> {
         Some(ms) => Duration::from_millis(ms),
         None => period,
     };
-    let mut topo = Topology::read(Path::new("/sys")).unwrap_or_else(|e| {
+    let mut topo = Topology::read(Path::new(SYSFS_ROOT)).unwrap_or_else(|e| {
         warn!("cannot read the CPU topology from /sys ({e:#}); NUMA nodes will not be shown");
         Topology::default()
     });
@@ -385,12 +385,14 @@ pub fn run(cfg: Config, opts: &Options, shutdown: &AtomicBool) -> Result<()> {
             }
         }
         // Sleep to the next pass, waking for SIGINT.
-        while let Some(left) = period.checked_sub(started.elapsed()) {
-            if shutdown.load(Ordering::Relaxed) || left.is_zero() {
-                break;
+        until_next_pass(started, period, shutdown, |left| {
+            if left.is_zero() {
+                return Ok::<_, std::convert::Infallible>(false);
             }
             std::thread::sleep(left.min(Duration::from_millis(50)));
-        }
+            Ok(true)
+        })
+        .unwrap_or_else(|e| match e {});
     }
     Ok(())
 }

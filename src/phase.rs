@@ -30,8 +30,7 @@ mod tests;
 use rustc_hash::FxHashMap;
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
-
+use crate::config::PhaseConfig;
 use crate::observe::Snapshot;
 pub use classify::classify;
 
@@ -52,11 +51,10 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub const ALL: [Phase; 5] =
-        [Phase::DataLoading, Phase::GpuCompute, Phase::NcclCollective, Phase::OptimizerStep, Phase::Unknown];
-    pub const COUNT: usize = 5;
+    /// The number of phases: the size of per-phase arrays.
+    pub(crate) const COUNT: usize = 5;
 
-    /// Position in [`Phase::ALL`] (for per-phase arrays).
+    /// Position in per-phase arrays (`0..COUNT`).
     pub fn index(self) -> usize {
         self as usize
     }
@@ -75,102 +73,6 @@ impl Phase {
 impl fmt::Display for Phase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-/// The `[phase]` section: evaluation period, hysteresis and the thresholds
-/// of the heuristics (see classify.rs for how each is used).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PhaseConfig {
-    /// Period (ms) of the daemon's observe -> phase -> policy loop. Samples
-    /// covering less than half of it (a poll right after another) are too
-    /// short to judge and are ignored.
-    pub phase_eval_interval_ms: u64,
-    /// A new phase must be the candidate this many consecutive intervals
-    /// before it is adopted.
-    pub phase_stability_count: u32,
-    /// A process's GPU counts as busy at or above this utilisation (%).
-    pub gpu_busy_util_pct: u32,
-    /// A process's GPU counts as idle at or below this utilisation (%).
-    pub gpu_idle_util_pct: u32,
-    /// DataLoading: a loader thread runnable at least this fraction of the
-    /// interval (reading, decoding, collating)...
-    pub loader_min_busy_frac: f64,
-    /// ...or reading at least this many bytes per second.
-    pub loader_min_read_bytes_per_sec: u64,
-    /// DataLoading in the trainer itself (num_workers = 0): a trainer or
-    /// other ML thread reading at least this many bytes per second while its
-    /// GPU is not busy.
-    pub inproc_load_min_read_bytes_per_sec: u64,
-    /// OptimizerStep: trainer thread runnable at least this fraction of the
-    /// interval, with an idle GPU...
-    pub optimizer_min_busy_frac: f64,
-    /// ...and at most this many voluntary context switches per second.
-    pub optimizer_max_voluntary_per_sec: f64,
-    /// NcclCollective: an NCCL thread (by name) with at least this many
-    /// context switches per second (futex waits between spins; under CPU
-    /// contention also preemptions, which count here), or another thread of
-    /// a multi-rank process with this many *voluntary* switches per second...
-    pub nccl_min_switches_per_sec: f64,
-    /// ...and runnable at least this fraction of the interval (spinning).
-    pub nccl_min_busy_frac: f64,
-}
-
-impl Default for PhaseConfig {
-    fn default() -> Self {
-        PhaseConfig {
-            phase_eval_interval_ms: 100,
-            phase_stability_count: 2,
-            gpu_busy_util_pct: 30,
-            gpu_idle_util_pct: 10,
-            loader_min_busy_frac: 0.2,
-            loader_min_read_bytes_per_sec: 1 << 20,
-            inproc_load_min_read_bytes_per_sec: 32 << 20,
-            optimizer_min_busy_frac: 0.6,
-            optimizer_max_voluntary_per_sec: 50.0,
-            nccl_min_switches_per_sec: 50.0,
-            nccl_min_busy_frac: 0.1,
-        }
-    }
-}
-
-impl PhaseConfig {
-    pub fn validate(&self) -> Result<(), String> {
-        let frac = |key: &str, v: f64| {
-            if (0.0..=1.0).contains(&v) {
-                Ok(())
-            } else {
-                Err(format!("phase.{key} must be within 0.0..=1.0"))
-            }
-        };
-        if !(10..=60_000).contains(&self.phase_eval_interval_ms) {
-            return Err("phase.phase_eval_interval_ms must be within 10..=60000".into());
-        }
-        if self.phase_stability_count < 1 {
-            return Err("phase.phase_stability_count must be >= 1".into());
-        }
-        if self.phase_stability_count > 1000 {
-            return Err("phase.phase_stability_count must be <= 1000".into());
-        }
-        if !(1..=100).contains(&self.gpu_busy_util_pct) {
-            return Err("phase.gpu_busy_util_pct must be within 1..=100".into());
-        }
-        if self.gpu_idle_util_pct >= self.gpu_busy_util_pct {
-            return Err("phase.gpu_idle_util_pct must be < phase.gpu_busy_util_pct".into());
-        }
-        frac("loader_min_busy_frac", self.loader_min_busy_frac)?;
-        frac("optimizer_min_busy_frac", self.optimizer_min_busy_frac)?;
-        frac("nccl_min_busy_frac", self.nccl_min_busy_frac)?;
-        for (key, v) in [
-            ("optimizer_max_voluntary_per_sec", self.optimizer_max_voluntary_per_sec),
-            ("nccl_min_switches_per_sec", self.nccl_min_switches_per_sec),
-        ] {
-            if !v.is_finite() || v < 0.0 {
-                return Err(format!("phase.{key} must be a finite number >= 0"));
-            }
-        }
-        Ok(())
     }
 }
 
@@ -200,18 +102,8 @@ pub struct PhaseStats {
 
 impl PhaseStats {
     /// Tracked threads currently in `phase`.
-    pub fn threads_in(&self, phase: Phase) -> u64 {
+    pub(crate) fn threads_in(&self, phase: Phase) -> u64 {
         self.threads[phase.index()]
-    }
-
-    /// Transitions into `phase` since start.
-    pub fn entered(&self, phase: Phase) -> u64 {
-        self.entered[phase.index()]
-    }
-
-    /// Thread-time (ns) spent in `phase` since start.
-    pub fn time_ns(&self, phase: Phase) -> u64 {
-        self.time_ns[phase.index()]
     }
 }
 
@@ -253,13 +145,9 @@ impl PhaseDetector {
     }
 
     /// Number of tracked (ML) threads.
-    pub fn tracked(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn tracked(&self) -> usize {
         self.tracks.len()
-    }
-
-    /// Drops a thread's state.
-    pub fn forget(&mut self, tid: i32) {
-        self.tracks.remove(&tid);
     }
 
     fn adopt(stats: &mut PhaseStats, tid: i32, t: &mut Track, to: Phase, out: &mut Vec<PhaseChange>) {

@@ -10,22 +10,22 @@
 //! The daemon (attached) and `scx_zernel observe` (not) both run it.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use rustc_hash::FxHashMap;
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
+use crate::events::{GpuOpen, ProcEvent};
 use crate::gpu::{self, GpuProvider};
-use crate::observe::{Changes, Observer, ProcEvent, ProcessView, Snapshot};
+use crate::observe::{Changes, Observer, ProcessView, Snapshot};
 use crate::phase::{Phase, PhaseDetector};
 use crate::policy::{Decision, Facts};
-use crate::policy_script::{self, Reopened, Script, ThreadFacts};
+use crate::policy_script::{self, Reopened, Script, ScriptStats, ThreadFacts};
 use crate::rules::{Identity, Rules};
-use crate::sched;
-use crate::stats::Metrics;
 use crate::tenants::Tenants;
 use crate::topology::Topology;
 
@@ -43,9 +43,8 @@ pub struct Pipeline {
     detector: PhaseDetector,
     /// Per thread: the rule it matched and the decision in force.
     threads: FxHashMap<u32, Held>,
-    /// What changed in the last pass: (tid, start time, the new decision, or
-    /// None when it was withdrawn).
-    changed: Vec<(u32, u64, Option<Decision>)>,
+    /// What changed in the last pass.
+    changed: Vec<Change>,
     /// GPUs of each process at its last decision: a change re-decides its
     /// threads (their node, the script's `gpus`).
     proc_gpus: FxHashMap<i32, Arc<[u32]>>,
@@ -61,7 +60,7 @@ pub struct Pipeline {
     /// `[policy] script`, with its verdicts cached per thread.
     script: Option<Script>,
     /// Counters of the scripts replaced by reloads (the stats are cumulative).
-    script_retired: policy_script::ScriptStats,
+    script_retired: ScriptStats,
     /// The kernel's process events reach the observer.
     process_events: bool,
     /// (process events, /proc listings) of observers replaced by reloads.
@@ -107,7 +106,7 @@ impl Pipeline {
     }
 
     /// The kernel saw process `pid` open a GPU device: ML in the next pass.
-    pub fn note_gpu_open(&mut self, o: &sched::GpuOpen) {
+    pub(crate) fn note_gpu_open(&mut self, o: &GpuOpen) {
         let what = format!("device open {}:{} by tid {}", o.major, o.minor, o.tid);
         self.observer.note_device_open(o.pid as i32, o.start_ticks, &what);
     }
@@ -120,30 +119,30 @@ impl Pipeline {
     }
 
     /// Processes the kernel told of (fork, exec, exit) since the last pass.
-    pub fn note_process_events(&mut self, events: &[ProcEvent]) {
+    pub(crate) fn note_process_events(&mut self, events: &[ProcEvent]) {
         self.observer.note_process_events(events);
     }
 
     /// The kernel lost events: /proc is listed in the next pass.
-    pub fn note_events_lost(&mut self) {
+    pub(crate) fn note_events_lost(&mut self) {
         self.observer.note_events_lost();
     }
 
     /// The decisions go to a new, empty map (the scheduler was attached
     /// again): the next pass reports all of them in [`changed`](Self::changed).
-    pub fn resync(&mut self) {
+    pub(crate) fn resync(&mut self) {
         self.resync = true;
     }
 
     /// Takes a topology read again after CPU hotplug.
-    pub fn set_topology(&mut self, topo: Topology) {
+    pub(crate) fn set_topology(&mut self, topo: Topology) {
         self.topo = topo;
         self.full_due = true;
     }
 
     /// Takes a new configuration (rules, policy, phase thresholds, GPU
     /// source); the scheduler section needs a restart and is kept.
-    pub fn reconfigure(&mut self, mut cfg: Config) -> Result<()> {
+    pub(crate) fn reconfigure(&mut self, mut cfg: Config) -> Result<()> {
         let rules = Rules::compile(&cfg.rules, &cfg.tenant_names()).map_err(anyhow::Error::msg)?;
         let tenants =
             Tenants::compile(&cfg.tenants).map_err(anyhow::Error::msg)?.with_default_weight(cfg.tenancy.default_weight);
@@ -232,7 +231,7 @@ impl Pipeline {
             if self.threads.get(&tid).is_some_and(|h| h.start_ticks == g.start_ticks) {
                 let h = self.threads.remove(&tid).expect("looked up");
                 if h.decision.is_some() {
-                    self.changed.push((tid, h.start_ticks, None));
+                    self.changed.push(Change { tid, start_ticks: h.start_ticks, decision: None });
                 }
                 if let Some(s) = &mut self.script {
                     s.forget(tid);
@@ -373,7 +372,7 @@ impl Pipeline {
             }
             if held.decision != d || ((recycled || resync) && d.is_some()) {
                 held.decision = d;
-                self.changed.push((tid, t.start_ticks, d));
+                self.changed.push(Change { tid, start_ticks: t.start_ticks, decision: d });
             }
         }
         if full {
@@ -385,7 +384,7 @@ impl Pipeline {
             self.threads.retain(|&tid, h| {
                 let keep = h.seen == passes;
                 if !keep && h.decision.is_some() {
-                    changed.push((tid, h.start_ticks, None));
+                    changed.push(Change { tid, start_ticks: h.start_ticks, decision: None });
                 }
                 keep
             });
@@ -415,10 +414,9 @@ impl Pipeline {
         self.observer.snapshot()
     }
 
-    /// The decisions that changed in the last pass: (tid, start time, the
-    /// new decision, or None for one withdrawn: the thread is gone or has
-    /// none now). What [`Decisions::apply`](crate::decisions::Decisions::apply) writes.
-    pub fn changed(&self) -> &[(u32, u64, Option<Decision>)] {
+    /// The decisions that changed in the last pass. What
+    /// `Decisions::apply` (decisions.rs) writes.
+    pub fn changed(&self) -> &[Change] {
         &self.changed
     }
 
@@ -443,37 +441,92 @@ impl Pipeline {
     }
 
     /// The rule that matched a thread when it was last evaluated, if any.
-    pub fn rule_match(&self, tid: u32) -> Option<crate::rules::Match> {
+    pub(crate) fn rule_match(&self, tid: u32) -> Option<crate::rules::Match> {
         match_of(&self.rules, self.threads.get(&tid)?.slot?)
     }
 
-    pub fn fill_metrics(&self, m: &mut Metrics) {
+    /// What the pipeline counts (the stats copy it into their metrics).
+    pub fn counts(&self) -> PipelineCounts {
         let snap = self.snapshot();
         let s = self.detector.stats();
-        m.threads = snap.threads.len() as u64;
-        m.ml_threads = snap.threads.iter().filter(|t| t.ml).count() as u64;
-        m.phase_data_loading = s.threads_in(Phase::DataLoading);
-        m.phase_gpu_compute = s.threads_in(Phase::GpuCompute);
-        m.phase_nccl_collective = s.threads_in(Phase::NcclCollective);
-        m.phase_optimizer_step = s.threads_in(Phase::OptimizerStep);
-        m.phase_transitions = s.transitions;
-        m.observe_pass_us = snap.pass_ns / 1000;
-        let mut st = self.script_retired;
+        let mut script = self.script_retired;
         if let Some(s) = &self.script {
-            st.add(&s.stats());
+            script.add(&s.stats());
         }
-        m.script_calls = st.calls;
-        m.script_errors = st.errors;
-        m.script_budget_exceeded = st.budget_exceeded;
         let (e, l) = self.observer.discovery_counts();
-        m.proc_events = self.discovery_retired.0 + e;
-        m.proc_listings = self.discovery_retired.1 + l;
+        PipelineCounts {
+            threads: snap.threads.len() as u64,
+            ml_threads: snap.threads.iter().filter(|t| t.ml).count() as u64,
+            phase_data_loading: s.threads_in(Phase::DataLoading),
+            phase_gpu_compute: s.threads_in(Phase::GpuCompute),
+            phase_nccl_collective: s.threads_in(Phase::NcclCollective),
+            phase_optimizer_step: s.threads_in(Phase::OptimizerStep),
+            phase_transitions: s.transitions,
+            observe_pass_us: snap.pass_ns / 1000,
+            script,
+            proc_events: self.discovery_retired.0 + e,
+            proc_listings: self.discovery_retired.1 + l,
+        }
     }
+}
+
+/// A thread's decision that changed in a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Change {
+    pub tid: u32,
+    /// The thread's start time (USER_HZ ticks), for the map entry.
+    pub start_ticks: u64,
+    /// The new decision, or None for one withdrawn: the thread is gone or
+    /// has none now.
+    pub decision: Option<Decision>,
+}
+
+/// The pipeline's counters: threads seen, threads in each phase, the last
+/// pass's time, the policy script's calls, the observer's discoveries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PipelineCounts {
+    /// Threads in the last snapshot.
+    pub threads: u64,
+    /// Of which threads of ML processes.
+    pub ml_threads: u64,
+    /// Tracked threads in each phase.
+    pub phase_data_loading: u64,
+    pub phase_gpu_compute: u64,
+    pub phase_nccl_collective: u64,
+    pub phase_optimizer_step: u64,
+    /// Phase transitions since start.
+    pub phase_transitions: u64,
+    /// How long the last observer pass took.
+    pub observe_pass_us: u64,
+    /// The policy scripts' counters since start (replaced scripts included).
+    pub script: ScriptStats,
+    /// Processes discovered from the kernel's process events, and /proc
+    /// listings, since start.
+    pub proc_events: u64,
+    pub proc_listings: u64,
+}
+
+/// Waits out the rest of the pass period that began at `started`: calls
+/// `wait(left)`, which should block for at most `left`, until the period is
+/// over, `shutdown` is set, or `wait` returns false (woken for a reason
+/// that ends the wait).
+pub(crate) fn until_next_pass<E>(
+    started: Instant,
+    period: Duration,
+    shutdown: &AtomicBool,
+    mut wait: impl FnMut(Duration) -> Result<bool, E>,
+) -> Result<(), E> {
+    while let Some(left) = period.checked_sub(started.elapsed()) {
+        if shutdown.load(Ordering::Relaxed) || !wait(left)? {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Every this many passes every thread is decided again, not only those
 /// whose facts changed (1 s at the default 100 ms period).
-pub const FULL_PASS_EVERY: u64 = 10;
+pub(crate) const FULL_PASS_EVERY: u64 = 10;
 
 /// What the pipeline holds for a thread.
 struct Held {
@@ -510,7 +563,7 @@ mod tests {
 
     /// (tid, class or None for withdrawn) of the last pass's changes, sorted.
     fn changes(p: &Pipeline) -> Vec<(u32, Option<Class>)> {
-        let mut v: Vec<_> = p.changed().iter().map(|(tid, _, d)| (*tid, d.map(|d| d.class))).collect();
+        let mut v: Vec<_> = p.changed().iter().map(|c| (c.tid, c.decision.map(|d| d.class))).collect();
         v.sort();
         v
     }

@@ -73,11 +73,11 @@ use crate::phase::Phase;
 use crate::policy::Decision;
 
 /// Bytes the Lua state may hold (chunk, globals, a call's garbage).
-pub const MEMORY_LIMIT: usize = 16 << 20;
+pub(crate) const MEMORY_LIMIT: usize = 16 << 20;
 /// Lua instructions one call of `decide` (or the loading of the chunk) may run.
-pub const INSTRUCTION_BUDGET: u32 = 1_000_000;
+pub(crate) const INSTRUCTION_BUDGET: u32 = 1_000_000;
 /// The instruction hook runs every this many instructions.
-pub const HOOK_EVERY: u32 = 1000;
+pub(crate) const HOOK_EVERY: u32 = 1000;
 
 /// What the script is told about a thread.
 #[derive(Debug, Clone, Copy)]
@@ -208,6 +208,7 @@ pub struct Script {
     /// Failures of this version logged: at most one.
     logged: u32,
     /// The message of the last failed call.
+    #[cfg(test)]
     last_error: Option<String>,
 }
 
@@ -297,6 +298,7 @@ impl Script {
             pass: 0,
             stats: ScriptStats::default(),
             logged: 0,
+            #[cfg(test)]
             last_error: None,
         };
         s.arm();
@@ -316,7 +318,7 @@ impl Script {
 
     /// Whether `path`/`text` with these tenants is this script (a reload
     /// that leaves it as it is keeps the state and the cached verdicts).
-    pub fn is_same(&self, path: &Path, text: &str, tenants: &[&str], default_class: Class) -> bool {
+    pub(crate) fn is_same(&self, path: &Path, text: &str, tenants: &[&str], default_class: Class) -> bool {
         self.path == path
             && self.text == text
             && self.tenants.iter().eq(tenants.iter().copied())
@@ -332,7 +334,8 @@ impl Script {
     }
 
     /// Why the last failed call failed.
-    pub fn last_error(&self) -> Option<&str> {
+    #[cfg(test)]
+    pub(crate) fn last_error(&self) -> Option<&str> {
         self.last_error.as_deref()
     }
 
@@ -356,7 +359,7 @@ impl Script {
     }
 
     /// Forgets a thread's verdict (it is gone, or its tid was recycled).
-    pub fn forget(&mut self, tid: u32) {
+    pub(crate) fn forget(&mut self, tid: u32) {
         self.cache.remove(&tid);
     }
 
@@ -413,7 +416,10 @@ impl Script {
                 f.tid, f.comm, v.1
             );
         }
-        self.last_error = Some(v.1);
+        #[cfg(test)]
+        {
+            self.last_error = Some(v.1);
+        }
         Verdict::Failed(v.0)
     }
 
@@ -548,7 +554,7 @@ impl Script {
 }
 
 /// What a configuration's `script` means for the running one.
-pub enum Reopened {
+pub(crate) enum Reopened {
     /// The same file, text and tenants: the running script (its state and
     /// cached verdicts) stays.
     Same,
@@ -558,7 +564,7 @@ pub enum Reopened {
 
 /// The script a configuration asks for, given the running one. Err (one
 /// line, naming the file and line) leaves the caller's script as it is.
-pub fn reopen(
+pub(crate) fn reopen(
     current: Option<&Script>,
     path: &str,
     tenants: &[&str],

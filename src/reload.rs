@@ -21,7 +21,7 @@
 //! loop falls back to comparing the stamp once a second, and says so.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use crossbeam::channel::{unbounded, Receiver, Sender};
@@ -29,7 +29,7 @@ use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use tracing::warn;
 
-use crate::config::Source;
+use crate::config::{stamp, Source, Stamp};
 
 /// Why the loop was woken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,19 +41,9 @@ pub enum Trigger {
     File,
 }
 
-/// What identifies a version of the config file: (device, inode, size,
-/// mtime) of what the path resolves to; None if it cannot be read.
-pub type Stamp = Option<(u64, u64, u64, SystemTime)>;
-
-pub fn stamp(path: &Path) -> Stamp {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.dev(), m.ino(), m.len(), m.modified().ok()?))
-}
-
 /// The triggers of one daemon: SIGHUP and, with a config file, its
 /// directory's inotify watch.
-pub struct ReloadWatch {
+pub(crate) struct ReloadWatch {
     rx: Receiver<Trigger>,
     tx: Sender<Trigger>,
     watcher: Option<RecommendedWatcher>,
@@ -88,7 +78,7 @@ impl ReloadWatch {
     }
 
     /// Wakes on SIGHUP from now on.
-    pub fn on_sighup(&mut self) -> Result<()> {
+    pub(crate) fn on_sighup(&mut self) -> Result<()> {
         let mut signals =
             signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP]).context("installing SIGHUP")?;
         self.signals = Some(signals.handle());
@@ -108,7 +98,7 @@ impl ReloadWatch {
 
     /// Wakes on changes in `config`'s directory from now on. An error
     /// (inotify unavailable) leaves the watch without this source.
-    pub fn on_file(&mut self, config: &Path) -> Result<()> {
+    pub(crate) fn on_file(&mut self, config: &Path) -> Result<()> {
         let dir = dir_of(config);
         let tx = self.tx.clone();
         let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
@@ -129,7 +119,7 @@ impl ReloadWatch {
 
     /// Also wakes on changes in `file`'s directory (the policy script's),
     /// with the triggers of [`on_file`](Self::on_file).
-    pub fn on_file_too(&mut self, file: &Path) -> Result<()> {
+    pub(crate) fn on_file_too(&mut self, file: &Path) -> Result<()> {
         let dir = dir_of(file);
         if self.dirs.contains(&dir) {
             return Ok(());
@@ -142,7 +132,7 @@ impl ReloadWatch {
     }
 
     /// Whether changes of the file wake the loop (else it must poll).
-    pub fn watches_file(&self) -> bool {
+    pub(crate) fn watches_file(&self) -> bool {
         self.watcher.is_some()
     }
 
@@ -152,7 +142,8 @@ impl ReloadWatch {
     }
 
     /// Takes every trigger waiting: (any at all, any SIGHUP among them).
-    pub fn drain(&self) -> (bool, bool) {
+    #[cfg(test)]
+    pub(crate) fn drain(&self) -> (bool, bool) {
         let (mut any, mut signal) = (false, false);
         for t in self.rx.try_iter() {
             any = true;
@@ -284,6 +275,7 @@ impl Reloader {
 mod tests {
     use super::*;
     use crate::config::Mode;
+    use crate::tempdir::TempDir;
 
     fn wait(w: &ReloadWatch, within: Duration) -> Option<Trigger> {
         w.receiver().recv_timeout(within).ok()
@@ -291,8 +283,8 @@ mod tests {
 
     #[test]
     fn replaced_written_and_removed_files_wake_partial_writes_do_not() {
-        let dir = std::env::temp_dir().join(format!("zernel-reload-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = TempDir::new("reload");
+        let dir = tmp.path();
         let cfg = dir.join("zernel.toml");
         std::fs::write(&cfg, "").unwrap();
         let mut w = ReloadWatch::new();
@@ -321,7 +313,6 @@ mod tests {
         std::fs::remove_file(&cfg).unwrap();
         assert_eq!(wait(&w, Duration::from_secs(2)), Some(Trigger::File));
         assert_eq!(stamp(&cfg), None);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -335,9 +326,8 @@ mod tests {
     #[test]
     fn only_a_changed_file_makes_a_reload_due() {
         use std::time::Duration;
-        let dir = std::env::temp_dir().join(format!("zernel-reload-due-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).unwrap();
+        let tmp = TempDir::new("reload-due");
+        let dir = tmp.path();
         let cfg = dir.join("zernel.toml");
         let rule = |c: &str| format!("[[rules]]\ncomm = \"{c}\"\nclass = \"batch\"\n");
         std::fs::write(&cfg, rule("^a$")).unwrap();
@@ -363,6 +353,5 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         while let Ok(Trigger::File) = r.receiver().try_recv() {}
         assert!(!r.due(&source));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -30,14 +30,16 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::{AsRawLibbpf, MapCore, MapFlags, MapHandle, OpenObject};
 use scx_utils::{compat, scx_ops_attach, scx_ops_load, scx_ops_open, uei_exited, uei_report, UserExitInfo};
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::bpf_intf;
 use crate::bpf_skel::{BpfSkel, BpfSkelBuilder};
 use crate::class::{Class, NR_CLASSES};
 use crate::config::SchedulerConfig;
+use crate::decisions::DecisionSink;
+pub use crate::decisions::WriteError;
 use crate::devices;
-use crate::observe::{ProcEvent, ProcEventKind};
+use crate::events::{GpuOpen, ProcEvent, ProcEventKind};
 use crate::policy::Decision;
 use crate::tenants::Tenants;
 use crate::topology::Topology;
@@ -75,7 +77,7 @@ impl LoadOptions {
 }
 
 /// Checks that this kernel can take a sched_ext scheduler and none is running.
-pub fn check_kernel() -> Result<()> {
+pub(crate) fn check_kernel() -> Result<()> {
     let root = Path::new(SCHED_EXT);
     if !root.is_dir() {
         bail!(
@@ -145,10 +147,10 @@ pub struct Counters {
 }
 
 /// Names of the per-class counters, in `enum zernel_class_stat` order.
-pub const CLASS_STAT_NAMES: [&str; bpf_intf::zernel_class_stat_ZSTAT_CLASS_NR as usize] =
+pub(crate) const CLASS_STAT_NAMES: [&str; bpf_intf::zernel_class_stat_ZSTAT_CLASS_NR as usize] =
     ["enqueued", "dispatched", "direct", "preempted", "starved", "wake_preempt"];
 /// Names of the global counters, in `enum zernel_global_stat` order.
-pub const GLOBAL_STAT_NAMES: [&str; bpf_intf::zernel_global_stat_ZGSTAT_NR as usize] = [
+pub(crate) const GLOBAL_STAT_NAMES: [&str; bpf_intf::zernel_global_stat_ZGSTAT_NR as usize] = [
     "map_hit",
     "map_miss",
     "map_stale",
@@ -208,7 +210,7 @@ fn read_counters(map: &dyn MapCore) -> Result<Counters> {
 /// before load), as read back from the kernel: the `[scheduler]` values
 /// after `--mode`, in the config's units.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Tunables {
+pub(crate) struct Tunables {
     /// Per class, in `Class::ALL` order.
     pub slice_us: [u64; NR_CLASSES],
     pub starvation_bound_ms: u64,
@@ -255,7 +257,7 @@ fn decode_tunables(b: &[u8]) -> Result<Tunables> {
 
 /// One entry of the task_class map, as read back.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub class: u32,
     pub slice_ns: u64,
     pub cpu: i32,
@@ -299,35 +301,16 @@ fn all_entries(map: &dyn MapCore) -> Result<Vec<(u32, Entry)>> {
     Ok(out)
 }
 
-/// Why a decision did not reach the map.
-#[derive(Debug, PartialEq, Eq)]
-pub enum WriteError {
-    /// The map is at capacity (E2BIG): the thread keeps the default class.
-    Full,
-    Other(String),
-}
-
-/// A GPU device open the kernel saw (the first of its process).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GpuOpen {
-    pub pid: u32,
-    pub tid: u32,
-    pub major: u32,
-    pub minor: u32,
-    pub start_ticks: u64,
-}
-
-impl GpuOpen {
-    fn decode(b: &[u8]) -> Option<GpuOpen> {
-        let e = from_bytes::<bpf_intf::zernel_event>(b)?;
-        (e.kind == bpf_intf::zernel_event_kind_ZEV_GPU_OPEN).then_some(GpuOpen {
-            pid: e.pid,
-            tid: e.tid,
-            major: e.major,
-            minor: e.minor,
-            start_ticks: e.start_ticks,
-        })
-    }
+/// A GPU device open from the ring buffer.
+fn decode_gpu_open(b: &[u8]) -> Option<GpuOpen> {
+    let e = from_bytes::<bpf_intf::zernel_event>(b)?;
+    (e.kind == bpf_intf::zernel_event_kind_ZEV_GPU_OPEN).then_some(GpuOpen {
+        pid: e.pid,
+        tid: e.tid,
+        major: e.major,
+        minor: e.minor,
+        start_ticks: e.start_ticks,
+    })
 }
 
 /// A process event from the ring buffer, as the observer takes it.
@@ -380,7 +363,7 @@ fn kernel_has_func(name: &str) -> bool {
 }
 
 /// A loaded and attached scheduler.
-pub struct Scheduler<'a> {
+pub(crate) struct Scheduler<'a> {
     /// Dropped first: the hook, then the ring buffer, before the skeleton.
     open_link: Option<libbpf_rs::Link>,
     events: Option<libbpf_rs::RingBuffer<'static>>,
@@ -476,7 +459,7 @@ impl<'a> Scheduler<'a> {
         }
         let mut rb = libbpf_rs::RingBufferBuilder::new();
         rb.add(&sched.skel.maps.events, move |b: &[u8]| {
-            if let Some(o) = GpuOpen::decode(b) {
+            if let Some(o) = decode_gpu_open(b) {
                 let _ = tx.send(o);
             } else if let Some(e) = decode_proc_event(b) {
                 let _ = ptx.send(e);
@@ -530,7 +513,7 @@ impl<'a> Scheduler<'a> {
     /// Marks the GPU open of a process as judged by the daemon: its threads'
     /// entries (or none) decide from now on; the mark stays, so that its
     /// later opens send no more events.
-    pub fn unmark_gpu(&self, pid: u32) {
+    pub(crate) fn unmark_gpu(&self, pid: u32) {
         let map = &self.skel.maps.gpu_procs;
         let key = pid.to_ne_bytes();
         let Ok(Some(b)) = map.lookup(&key, MapFlags::ANY) else { return };
@@ -565,7 +548,7 @@ impl<'a> Scheduler<'a> {
 
     /// Writes the shares' weights: the tenants' (same count as at load), then
     /// the default share's at index `nr_tenants`.
-    pub fn set_tenant_weights(&self, tenants: &Tenants) -> Result<()> {
+    pub(crate) fn set_tenant_weights(&self, tenants: &Tenants) -> Result<()> {
         if tenants.len() != self.nr_tenants {
             bail!(
                 "the number of tenants changed ({} -> {}): restart scx_zernel to apply",
@@ -583,7 +566,7 @@ impl<'a> Scheduler<'a> {
 
     /// Tells the kernel the daemon is alive: its decisions hold for
     /// `decision_ttl_ms` from now.
-    pub fn heartbeat(&mut self) {
+    pub(crate) fn heartbeat(&mut self) {
         let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
         // SAFETY: clock_gettime writes one timespec. CLOCK_MONOTONIC is
         // bpf_ktime_get_ns()'s clock.
@@ -603,12 +586,12 @@ impl<'a> Scheduler<'a> {
         read_counters(&self.skel.maps.stats)
     }
 
-    pub fn map_capacity(&self) -> u32 {
+    pub(crate) fn map_capacity(&self) -> u32 {
         self.skel.maps.task_class.max_entries()
     }
 
     /// Did the BPF side exit (error, watchdog, sysrq)?
-    pub fn exited(&mut self) -> bool {
+    pub(crate) fn exited(&mut self) -> bool {
         uei_exited!(&self.skel, uei)
     }
 
@@ -637,7 +620,7 @@ impl Drop for Scheduler<'_> {
 }
 
 /// Read-only access to a running instance's pinned maps (`scx_zernel inspect`).
-pub struct Pinned {
+pub(crate) struct Pinned {
     task_class: MapHandle,
     stats: MapHandle,
     tunables: MapHandle,
@@ -656,7 +639,7 @@ impl Pinned {
         Ok(Pinned { task_class: open("task_class")?, stats: open("stats")?, tunables: open("tunables")? })
     }
 
-    pub fn tunables(&self) -> Result<Tunables> {
+    pub(crate) fn tunables(&self) -> Result<Tunables> {
         read_tunables(&self.tunables)
     }
 
@@ -668,7 +651,7 @@ impl Pinned {
         read_entry(&self.task_class, tid)
     }
 
-    pub fn map_entries(&self) -> Result<usize> {
+    pub(crate) fn map_entries(&self) -> Result<usize> {
         Ok(all_entries(&self.task_class)?.len())
     }
 
@@ -677,15 +660,17 @@ impl Pinned {
         all_entries(&self.task_class)
     }
 
-    pub fn map_capacity(&self) -> u32 {
+    pub(crate) fn map_capacity(&self) -> u32 {
         self.task_class.max_entries()
     }
 }
 
-/// Logs once that a write failed for a reason other than a full map.
-pub fn warn_write(tid: u32, e: &WriteError) {
-    if let WriteError::Other(msg) = e {
-        warn!("task_class update for tid {tid} failed: {msg}");
+impl DecisionSink for Scheduler<'_> {
+    fn write(&self, tid: u32, start_ticks: u64, d: &Decision) -> Result<(), WriteError> {
+        Scheduler::write(self, tid, start_ticks, d)
+    }
+    fn remove(&self, tid: u32) {
+        Scheduler::remove(self, tid)
     }
 }
 

@@ -26,6 +26,7 @@ use scx_stats_derive::{stat_doc, Stats};
 use serde::{Deserialize, Serialize};
 
 use crate::class::Class;
+use crate::pipeline::Pipeline;
 use crate::sched::Counters;
 
 /// One tenant's CPU over the last stats interval.
@@ -159,9 +160,36 @@ pub struct Metrics {
     pub tenants: BTreeMap<String, TenantMetrics>,
 }
 
+// Here rather than in pipeline.rs: the stats read the stages, the stages
+// import nothing of the stats.
+impl Pipeline {
+    /// Fills the pipeline's share of `m` (threads, phases, the policy
+    /// script's counters, the observer's discoveries).
+    pub fn fill_metrics(&self, m: &mut Metrics) {
+        m.set_pipeline(&self.counts());
+    }
+}
+
 impl Metrics {
+    /// Fills the daemon-side fields from the pipeline's counts.
+    pub(crate) fn set_pipeline(&mut self, c: &crate::pipeline::PipelineCounts) {
+        self.threads = c.threads;
+        self.ml_threads = c.ml_threads;
+        self.phase_data_loading = c.phase_data_loading;
+        self.phase_gpu_compute = c.phase_gpu_compute;
+        self.phase_nccl_collective = c.phase_nccl_collective;
+        self.phase_optimizer_step = c.phase_optimizer_step;
+        self.phase_transitions = c.phase_transitions;
+        self.observe_pass_us = c.observe_pass_us;
+        self.script_calls = c.script.calls;
+        self.script_errors = c.script.errors;
+        self.script_budget_exceeded = c.script.budget_exceeded;
+        self.proc_events = c.proc_events;
+        self.proc_listings = c.proc_listings;
+    }
+
     /// Fills the kernel-side fields from the BPF counters.
-    pub fn set_counters(&mut self, c: &Counters) {
+    pub(crate) fn set_counters(&mut self, c: &Counters) {
         use crate::bpf_intf as i;
         let sum = |stat: u32| Class::ALL.iter().map(|&k| c.get(k, stat as usize)).sum::<u64>();
         let enq = i::zernel_class_stat_ZSTAT_ENQUEUED as usize;
@@ -193,7 +221,7 @@ impl Metrics {
     /// What the counters counted since `prev`, an earlier snapshot of the
     /// same daemon; gauges as they are now. A counter below its earlier value
     /// started again (the BPF side restarted): its whole value is new.
-    pub fn delta(&self, prev: &Metrics) -> Metrics {
+    pub(crate) fn delta(&self, prev: &Metrics) -> Metrics {
         let d = |now: u64, then: u64| if now >= then { now - then } else { now };
         Metrics {
             latency_enqueued: d(self.latency_enqueued, prev.latency_enqueued),

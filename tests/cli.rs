@@ -5,6 +5,8 @@
 
 use std::process::Command;
 
+mod common;
+
 fn run(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_scx_zernel"));
     c.args(args).env_remove("RUST_LOG");
@@ -84,10 +86,9 @@ fn config_ownership_as_root() {
         eprintln!("skipped: not root");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("zernel-owner-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tmp = common::TempDir::new("owner");
+    let dir = tmp.path();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let cfg = dir.join("zernel.toml");
     std::fs::write(&cfg, "").unwrap();
     std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -109,10 +110,9 @@ fn config_ownership_as_root() {
     assert!(!ok && err.contains("writable by group or others (mode 664)"), "{err}");
 
     std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let (ok, _, err) = run(&args, &[("SUDO_UID", "1000")]);
     assert!(!ok && err.contains("directory writable by group or others without the sticky bit"), "{err}");
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
     assert!(run(&args, &[("SUDO_UID", "1000")]).0);
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use scx_zernel::metrics;
+use scx_zernel::openmetrics as endpoint;
 use scx_zernel::stats::Metrics;
 
 /// Sends `request` and returns (status line, headers, body).
@@ -27,7 +27,7 @@ fn start() -> (SocketAddr, Arc<Mutex<Metrics>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let current = Arc::new(Mutex::new(Metrics::default()));
-    metrics::serve_on(listener, current.clone()).unwrap();
+    endpoint::serve_on(listener, current.clone()).unwrap();
     (addr, current)
 }
 
@@ -55,7 +55,7 @@ fn scrape_metrics_over_tcp() {
     assert!(body.contains("\nzernel_ml_enqueued_total 17\n"), "{body}");
     assert!(body.contains("# TYPE zernel_threads gauge\n"), "{body}");
     assert!(body.contains("\nzernel_threads 5\n"), "{body}");
-    assert_eq!(body, metrics::render(&current.lock().unwrap(), metrics::Format::OpenMetrics));
+    assert_eq!(body, endpoint::render(&current.lock().unwrap(), endpoint::Format::OpenMetrics));
 
     // No Accept header (curl, wget): OpenMetrics too.
     let (_, headers, body) = fetch(addr, "GET /metrics HTTP/1.0\r\n\r\n");
@@ -98,7 +98,7 @@ fn a_stuck_client_does_not_block_scrapes() {
     assert_eq!(status, "HTTP/1.1 200 OK");
     assert!(body.contains("zernel_threads 0"), "{body}");
     // Two stuck connections ahead of us, each given at most IO_DEADLINE.
-    assert!(t.elapsed() < metrics::IO_DEADLINE * 2 + Duration::from_secs(3), "took {:?}", t.elapsed());
+    assert!(t.elapsed() < endpoint::IO_DEADLINE * 2 + Duration::from_secs(3), "took {:?}", t.elapsed());
 }
 
 #[test]

@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{spawn_shell_loop, spawn_train, TempDir};
+use scx_zernel::config::PhaseConfig;
 use scx_zernel::gpu::{FileProvider, GpuProvider};
 use scx_zernel::observe::{MlEvidence, ObserveConfig, Observer, ThreadRole};
-use scx_zernel::phase::{Phase, PhaseConfig, PhaseDetector};
+use scx_zernel::phase::{Phase, PhaseDetector};
 
 /// What we saw of one thread.
 #[derive(Default, Debug)]

@@ -15,22 +15,22 @@ typedef long long s64;
 #endif
 
 enum zernel_consts {
-	ZERNEL_MAX_CPUS		= 1024,
-	ZERNEL_MAX_NODES	= 16,
-	ZERNEL_MAX_TENANTS	= 16,
+	ZERNEL_MAX_CPUS = 1024,
+	ZERNEL_MAX_NODES = 16,
+	ZERNEL_MAX_TENANTS = 16,
 	/* Tenant queues: dsq id = ZERNEL_TENANT_DSQ + tenant * ZCLASS_NR + class. */
-	ZERNEL_TENANT_DSQ	= 0x10000,
+	ZERNEL_TENANT_DSQ = 0x10000,
 	/* Tenant weights are relative to this one. */
-	ZERNEL_WEIGHT_UNIT	= 1024,
+	ZERNEL_WEIGHT_UNIT = 1024,
 	/* Default capacity of the task_class map (daemon may resize). */
-	ZERNEL_TASK_MAP_DEFAULT	= 65536,
+	ZERNEL_TASK_MAP_DEFAULT = 65536,
 	/* USER_HZ: /proc/<pid>/stat start times are in these ticks. */
-	ZERNEL_USER_HZ		= 100,
+	ZERNEL_USER_HZ = 100,
 	/* Default slice of each class, in microseconds (the daemon sets them). */
-	ZERNEL_SLICE_US_LATENCY	= 2000,
-	ZERNEL_SLICE_US_ML	= 4000,
-	ZERNEL_SLICE_US_NORMAL	= 3000,
-	ZERNEL_SLICE_US_BATCH	= 8000,
+	ZERNEL_SLICE_US_LATENCY = 2000,
+	ZERNEL_SLICE_US_ML = 4000,
+	ZERNEL_SLICE_US_NORMAL = 3000,
+	ZERNEL_SLICE_US_BATCH = 8000,
 };
 
 /*
@@ -38,18 +38,18 @@ enum zernel_consts {
  * queue per NUMA node: dsq id = node * ZCLASS_NR + class.
  */
 enum zernel_class {
-	ZCLASS_LATENCY	= 0,	/* latency-critical: kernel launchers, NCCL */
-	ZCLASS_ML	= 1,	/* ML compute: data loaders, optimizer step */
-	ZCLASS_NORMAL	= 2,	/* everything else (the default) */
-	ZCLASS_BATCH	= 3,	/* background hogs */
-	ZCLASS_NR	= 4,
+	ZCLASS_LATENCY = 0, /* latency-critical: kernel launchers, NCCL */
+	ZCLASS_ML = 1,	    /* ML compute: data loaders, optimizer step */
+	ZCLASS_NORMAL = 2,  /* everything else (the default) */
+	ZCLASS_BATCH = 3,   /* background hogs */
+	ZCLASS_NR = 4,
 };
 
 /* task_class.flags */
 enum zernel_task_flags {
-	ZFLAG_PREEMPT	= 1 << 0,	/* a wakeup may preempt a lower class */
-	ZFLAG_JUDGED	= 1 << 1,	/* gpu_procs: the daemon has judged the
-					 * process; the mark no longer decides */
+	ZFLAG_PREEMPT = 1 << 0, /* a wakeup may preempt a lower class */
+	ZFLAG_JUDGED = 1 << 1,	/* gpu_procs: the daemon has judged the
+				 * process; the mark no longer decides */
 };
 
 /*
@@ -61,85 +61,87 @@ enum zernel_task_flags {
  * BPF: only the daemon and exit_task remove entries.
  */
 struct task_class {
-	u32	class;		/* enum zernel_class */
-	u32	flags;		/* enum zernel_task_flags */
-	u64	slice_ns;	/* 0 = the class default */
-	s32	cpu;		/* preferred CPU, -1 = none */
-	s32	node;		/* preferred NUMA node, -1 = none */
-	s32	tenant;		/* tenant index, -1 = none */
-	u32	pad;
-	u64	start_ticks;	/* task start time in USER_HZ ticks */
-	u64	applied;	/* written by BPF: times this entry was looked up (once per wakeup or enqueue) */
+	u32 class;    /* enum zernel_class */
+	u32 flags;    /* enum zernel_task_flags */
+	u64 slice_ns; /* 0 = the class default */
+	s32 cpu;      /* preferred CPU, -1 = none */
+	s32 node;     /* preferred NUMA node, -1 = none */
+	s32 tenant;   /* tenant index, -1 = none */
+	u32 pad;
+	u64 start_ticks; /* task start time in USER_HZ ticks */
+	u64 applied; /* written by BPF: times this entry was looked up (once per wakeup or enqueue) */
 };
 
 /* Per-class counters. */
 enum zernel_class_stat {
-	ZSTAT_ENQUEUED = 0,	/* tasks queued in (or directly dispatched to) the class */
-	ZSTAT_DISPATCHED,	/* tasks moved from the class queue to a CPU */
-	ZSTAT_DIRECT,		/* tasks sent straight to an idle CPU, or kept by
+	ZSTAT_ENQUEUED =
+		0, /* tasks queued in (or directly dispatched to) the class */
+	ZSTAT_DISPATCHED, /* tasks moved from the class queue to a CPU */
+	ZSTAT_DIRECT,	  /* tasks sent straight to an idle CPU, or kept by
 				   their CPU at a slice end with nothing else to run */
-	ZSTAT_PREEMPTED,	/* wakeups that preempted a lower class */
-	ZSTAT_STARVED,		/* dispatches forced by the starvation bound */
-	ZSTAT_WAKE_PREEMPT,	/* short-burst wakeups that took their CPU back (wake_victim) */
+	ZSTAT_PREEMPTED,  /* wakeups that preempted a lower class */
+	ZSTAT_STARVED,	  /* dispatches forced by the starvation bound */
+	ZSTAT_WAKE_PREEMPT, /* short-burst wakeups that took their CPU back (wake_victim) */
 	ZSTAT_CLASS_NR,
 };
 
 /* Global counters. */
 enum zernel_global_stat {
-	ZGSTAT_MAP_HIT = 0,	/* lookups (one per wakeup or enqueue) that found an entry */
-	ZGSTAT_MAP_MISS,	/* lookups with no entry (default class) */
-	ZGSTAT_MAP_STALE,	/* lookups that found another task's entry (TID recycled): ignored */
-	ZGSTAT_PREF_CPU,	/* select_cpu used the preferred CPU */
-	ZGSTAT_PREF_NODE,	/* select_cpu found an idle CPU on the preferred node */
-	ZGSTAT_IDLE_NEAR,	/* ... on prev_cpu's node (prev, its LLC, node) */
-	ZGSTAT_IDLE_FAR,	/* ... on another node */
-	ZGSTAT_STEAL,		/* dispatches from another node's queue */
-	ZGSTAT_KICK,		/* idle CPUs kicked on enqueue */
-	ZGSTAT_EXIT_DEL,	/* entries deleted by exit_task */
-	ZGSTAT_TENANT_DISP,	/* dispatches from tenant queues */
-	ZGSTAT_MAP_EXPIRED,	/* lookups that found an entry while the daemon's
-				 * heartbeat was older than decision_ttl: default class */
+	ZGSTAT_MAP_HIT =
+		0, /* lookups (one per wakeup or enqueue) that found an entry */
+	ZGSTAT_MAP_MISS, /* lookups with no entry (default class) */
+	ZGSTAT_MAP_STALE, /* lookups that found another task's entry (TID recycled): ignored */
+	ZGSTAT_PREF_CPU, /* select_cpu used the preferred CPU */
+	ZGSTAT_PREF_NODE, /* select_cpu found an idle CPU on the preferred node */
+	ZGSTAT_IDLE_NEAR,   /* ... on prev_cpu's node (prev, its LLC, node) */
+	ZGSTAT_IDLE_FAR,    /* ... on another node */
+	ZGSTAT_STEAL,	    /* dispatches from another node's queue */
+	ZGSTAT_KICK,	    /* idle CPUs kicked on enqueue */
+	ZGSTAT_EXIT_DEL,    /* entries deleted by exit_task */
+	ZGSTAT_TENANT_DISP, /* dispatches from tenant queues */
+	ZGSTAT_MAP_EXPIRED, /* lookups that found an entry while the daemon's
+			     * heartbeat was older than decision_ttl: default class */
 	ZGSTAT_MIGRATION_DISABLED, /* enqueues of a task that may not migrate
-				 * (preempted inside migrate_disable()) */
-	ZGSTAT_CPU_TAKEN,	/* a higher class (RT, deadline) took a CPU:
-				 * its local queue was handed back */
-	ZGSTAT_INHERITED,	/* tasks created (fork or clone) with their
-				 * creator's decision: class, tenant, node */
-	ZGSTAT_INHERIT_HIT,	/* lookups with no entry served by an inherited decision */
-	ZGSTAT_INHERIT_END,	/* inherited decisions that ran out (decision_ttl
-				 * after the fork that started them) with no entry */
-	ZGSTAT_FIRST_DEC,	/* tasks created since attach whose enqueue first
-				 * came with a decision (entry or inherited) */
-	ZGSTAT_ENQ_BEFORE_DEC,	/* ... their enqueues with none before it */
-	ZGSTAT_GPU_OPEN,	/* processes marked ML by a GPU device open */
-	ZGSTAT_GPU_HIT,		/* lookups with no entry served by that mark (class ml) */
-	ZGSTAT_EVENT_LOST,	/* events the ring buffer had no room for */
+				    * (preempted inside migrate_disable()) */
+	ZGSTAT_CPU_TAKEN,	   /* a higher class (RT, deadline) took a CPU:
+				    * its local queue was handed back */
+	ZGSTAT_INHERITED,	   /* tasks created (fork or clone) with their
+				    * creator's decision: class, tenant, node */
+	ZGSTAT_INHERIT_HIT, /* lookups with no entry served by an inherited decision */
+	ZGSTAT_INHERIT_END,    /* inherited decisions that ran out (decision_ttl
+				* after the fork that started them) with no entry */
+	ZGSTAT_FIRST_DEC,      /* tasks created since attach whose enqueue first
+				* came with a decision (entry or inherited) */
+	ZGSTAT_ENQ_BEFORE_DEC, /* ... their enqueues with none before it */
+	ZGSTAT_GPU_OPEN,       /* processes marked ML by a GPU device open */
+	ZGSTAT_GPU_HIT, /* lookups with no entry served by that mark (class ml) */
+	ZGSTAT_EVENT_LOST, /* events the ring buffer had no room for */
 	ZGSTAT_NR,
 };
 
 /* Ring buffer events (the `events` map), BPF to the daemon. */
 enum zernel_event_kind {
-	ZEV_GPU_OPEN	= 1,	/* a process opened a GPU device (first time) */
-	ZEV_PROC_NEW	= 2,	/* a process was forked (pid = its tgid) */
-	ZEV_PROC_EXEC	= 3,	/* a process exec'd a new program */
-	ZEV_PROC_EXIT	= 4,	/* a process's leader exited */
+	ZEV_GPU_OPEN = 1,  /* a process opened a GPU device (first time) */
+	ZEV_PROC_NEW = 2,  /* a process was forked (pid = its tgid) */
+	ZEV_PROC_EXEC = 3, /* a process exec'd a new program */
+	ZEV_PROC_EXIT = 4, /* a process's leader exited */
 };
 
 struct zernel_event {
-	u32	kind;		/* enum zernel_event_kind */
-	u32	pid;		/* process (tgid) */
-	u32	tid;		/* the thread that opened it (or forked, exec'd, exited) */
-	u32	major;		/* device numbers (GPU_OPEN; else 0) */
-	u32	minor;
-	u32	pad;
-	u64	start_ticks;	/* the process's start time, USER_HZ ticks */
+	u32 kind;  /* enum zernel_event_kind */
+	u32 pid;   /* process (tgid) */
+	u32 tid;   /* the thread that opened it (or forked, exec'd, exited) */
+	u32 major; /* device numbers (GPU_OPEN; else 0) */
+	u32 minor;
+	u32 pad;
+	u64 start_ticks; /* the process's start time, USER_HZ ticks */
 };
 
 /* Value of the per-CPU `stats` array map (one element). */
 struct zernel_stats {
-	u64	cls[ZCLASS_NR][ZSTAT_CLASS_NR];
-	u64	glob[ZGSTAT_NR];
-	u64	tenant_ns[ZERNEL_MAX_TENANTS];	/* CPU time used per tenant */
+	u64 cls[ZCLASS_NR][ZSTAT_CLASS_NR];
+	u64 glob[ZGSTAT_NR];
+	u64 tenant_ns[ZERNEL_MAX_TENANTS]; /* CPU time used per tenant */
 };
 
 #endif /* __ZERNEL_INTF_H */

@@ -78,8 +78,10 @@ UEI_DEFINE(uei);
 
 /* Tunables, set by the daemon before load. */
 const volatile u64 class_slice_ns[ZCLASS_NR] = {
-	ZERNEL_SLICE_US_LATENCY * 1000ULL, ZERNEL_SLICE_US_ML * 1000ULL,
-	ZERNEL_SLICE_US_NORMAL * 1000ULL, ZERNEL_SLICE_US_BATCH * 1000ULL,
+	ZERNEL_SLICE_US_LATENCY * 1000ULL,
+	ZERNEL_SLICE_US_ML * 1000ULL,
+	ZERNEL_SLICE_US_NORMAL * 1000ULL,
+	ZERNEL_SLICE_US_BATCH * 1000ULL,
 };
 const volatile u64 starve_ns = 50000000;
 const volatile u64 wake_preempt_ns = 1000000;
@@ -88,10 +90,10 @@ const volatile u32 default_class = ZCLASS_NORMAL;
 const volatile u32 nr_cpus = 1;
 const volatile u32 nr_nodes = 1;
 const volatile bool numa_enabled;
-const volatile u32 nr_tenants;	/* shares 0..nr_tenants-1; nr_tenants = default */
+const volatile u32 nr_tenants; /* shares 0..nr_tenants-1; nr_tenants = default */
 const volatile s32 cpu_node[ZERNEL_MAX_CPUS];
 
-#define NSEC_PER_TICK	(1000000000ULL / ZERNEL_USER_HZ)
+#define NSEC_PER_TICK (1000000000ULL / ZERNEL_USER_HZ)
 
 /* Decisions from user space, keyed by TID. Resized by the daemon. */
 struct {
@@ -167,17 +169,17 @@ u64 vtime_now;
  * long it runs between sleeps.
  */
 struct task_ctx {
-	u32	class;
-	s32	tenant;
+	u32 class;
+	s32 tenant;
 	/*
 	 * The decision select_cpu looked up for a wakeup it left to enqueue
 	 * (no idle CPU): enqueue uses it instead of a second lookup.
 	 */
 	struct task_class dec;
-	u32	dec_state;	/* enum dec_state */
-	u64	started_at;	/* when it last started running, 0 = not running */
-	u64	burst_ns;	/* CPU time since it last woke */
-	u64	avg_burst_ns;	/* moving average of burst_ns at each sleep */
+	u32 dec_state;	  /* enum dec_state */
+	u64 started_at;	  /* when it last started running, 0 = not running */
+	u64 burst_ns;	  /* CPU time since it last woke */
+	u64 avg_burst_ns; /* moving average of burst_ns at each sleep */
 	/*
 	 * Inherited at creation (zernel_init_task): the creator's decision
 	 * (class, tenant, node; class slice, no preferred CPU, no preempt
@@ -185,10 +187,10 @@ struct task_ctx {
 	 * inh_until (bpf_ktime_get_ns() time; 0 = none inherited).
 	 */
 	struct task_class inh;
-	u64	inh_until;
-	u32	enq_undecided;	/* enqueues with no decision, until the first with one */
-	bool	forked;		/* created after attach (init_task with fork) */
-	bool	decided;	/* had an enqueue with a decision */
+	u64 inh_until;
+	u32 enq_undecided; /* enqueues with no decision, until the first with one */
+	bool forked;	   /* created after attach (init_task with fork) */
+	bool decided;	   /* had an enqueue with a decision */
 };
 
 struct {
@@ -199,9 +201,9 @@ struct {
 } task_ctxs SEC(".maps");
 
 enum dec_state {
-	DEC_NONE = 0,	/* nothing carried over: enqueue looks up */
-	DEC_HIT,	/* dec holds the decision */
-	DEC_MISS,	/* there is no decision (default class) */
+	DEC_NONE = 0, /* nothing carried over: enqueue looks up */
+	DEC_HIT,      /* dec holds the decision */
+	DEC_MISS,     /* there is no decision (default class) */
 };
 
 /*
@@ -210,11 +212,11 @@ enum dec_state {
  * run for wake_preempt_ns / 4 (wake_victim).
  */
 struct cpu_ctx {
-	u32	class;
-	s32	tenant;
-	u64	started_at;	/* when its task started, 0 = none (or claimed) */
-	bool	long_burst;	/* its task ran >= wake_preempt_ns since it woke,
-				 * or does on average between sleeps */
+	u32 class;
+	s32 tenant;
+	u64 started_at;	 /* when its task started, 0 = none (or claimed) */
+	bool long_burst; /* its task ran >= wake_preempt_ns since it woke,
+			  * or does on average between sleeps */
 };
 
 struct {
@@ -337,8 +339,7 @@ static struct task_class *gpu_mark(struct task_struct *p, bool count)
 }
 
 /* No entry for @p: what it inherited, else its process's GPU mark. */
-static struct task_class *no_entry(struct task_struct *p,
-				   struct task_ctx *tctx)
+static struct task_class *no_entry(struct task_struct *p, struct task_ctx *tctx)
 {
 	struct task_class *tc = inherited(tctx);
 
@@ -525,7 +526,8 @@ static bool may_run_on_node(struct task_struct *p, s32 node)
 	if (p->nr_cpus_allowed >= nr_cpus)
 		return true;
 	bpf_for(cpu, 0, nr_cpus) {
-		if (node_of(cpu) == node && bpf_cpumask_test_cpu(cpu, p->cpus_ptr))
+		if (node_of(cpu) == node &&
+		    bpf_cpumask_test_cpu(cpu, p->cpus_ptr))
 			return true;
 	}
 	return false;
@@ -669,8 +671,7 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	bool md;
 
 	/* A wakeup's decision, looked up by select_cpu; else look it up. */
-	if (tctx && tctx->dec_state != DEC_NONE &&
-	    (enq_flags & SCX_ENQ_WAKEUP))
+	if (tctx && tctx->dec_state != DEC_NONE && (enq_flags & SCX_ENQ_WAKEUP))
 		tc = tctx->dec_state == DEC_HIT ? &tctx->dec : NULL;
 	else
 		tc = lookup_decision(p, tctx);
@@ -712,7 +713,8 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	}
 
 	node = !md && tc && may_run_on_node(p, tc->node) ?
-		tc->node : node_of(scx_bpf_task_cpu(p));
+		       tc->node :
+		       node_of(scx_bpf_task_cpu(p));
 
 	/*
 	 * Slice end with nothing else for this CPU (SCX_ENQ_LAST): keep
@@ -870,7 +872,8 @@ void BPF_STRUCT_OPS(zernel_dispatch, s32 cpu, struct task_struct *prev)
 	}
 	bpf_for(n, 0, nr_nodes) {
 		bpf_for(c, 0, ZCLASS_NR) {
-			u64 bound = c == ZCLASS_LATENCY ? starve_ns : share_bound();
+			u64 bound = c == ZCLASS_LATENCY ? starve_ns :
+							  share_bound();
 
 			if (older(dsq_id(n, c), bound, now, &oldest)) {
 				starved = dsq_id(n, c);
@@ -886,7 +889,8 @@ void BPF_STRUCT_OPS(zernel_dispatch, s32 cpu, struct task_struct *prev)
 
 classes:
 	/* 2. This node's latency queue: above all shares. */
-	if (take(dsq_id(mynode, ZCLASS_LATENCY), ZCLASS_LATENCY, ZSTAT_CLASS_NR))
+	if (take(dsq_id(mynode, ZCLASS_LATENCY), ZCLASS_LATENCY,
+		 ZSTAT_CLASS_NR))
 		return;
 
 	/* 3. Shares: the one with queued work and the lowest vtime. */
@@ -923,8 +927,8 @@ void BPF_STRUCT_OPS(zernel_running, struct task_struct *p)
 		cctx->class = tctx ? tctx->class : default_class;
 		cctx->tenant = tctx ? tctx->tenant : -1;
 		cctx->long_burst = tctx &&
-			(tctx->avg_burst_ns >= wake_preempt_ns ||
-			 tctx->burst_ns >= wake_preempt_ns);
+				   (tctx->avg_burst_ns >= wake_preempt_ns ||
+				    tctx->burst_ns >= wake_preempt_ns);
 		cctx->started_at = now;
 	}
 	if (tctx)
@@ -953,7 +957,8 @@ void BPF_STRUCT_OPS(zernel_stopping, struct task_struct *p, bool runnable)
 	tctx->started_at = 0;
 	tctx->burst_ns += used;
 	if (!runnable) {
-		tctx->avg_burst_ns = (tctx->avg_burst_ns * 3 + tctx->burst_ns) / 4;
+		tctx->avg_burst_ns =
+			(tctx->avg_burst_ns * 3 + tctx->burst_ns) / 4;
 		tctx->burst_ns = 0;
 	}
 	sh = share_of(tctx->class, tctx->tenant);
@@ -981,7 +986,7 @@ void BPF_STRUCT_OPS(zernel_stopping, struct task_struct *p, bool runnable)
  * zernel_cpu_release from the ops; older kernels keep zernel_cpu_release.
  * Either way ZGSTAT_CPU_TAKEN counts the hand-backs.
  */
-#define ZERNEL_MAX_RT_PRIO 100	/* prio below it: RT, deadline or stop class */
+#define ZERNEL_MAX_RT_PRIO 100 /* prio below it: RT, deadline or stop class */
 
 void BPF_STRUCT_OPS(zernel_cpu_release, s32 cpu,
 		    struct scx_cpu_release_args *args)
@@ -1064,8 +1069,9 @@ static void inherit(struct task_ctx *tctx)
 		leader = cur->group_leader;
 		tid = BPF_CORE_READ(leader, pid);
 		src = bpf_map_lookup_elem(&task_class, &tid);
-		if (src && src->start_ticks !=
-		    BPF_CORE_READ(leader, start_boottime) / NSEC_PER_TICK)
+		if (src &&
+		    src->start_ticks != BPF_CORE_READ(leader, start_boottime) /
+						NSEC_PER_TICK)
 			src = NULL;
 	}
 	if (!src)
@@ -1148,7 +1154,10 @@ static __always_inline void gpu_open(u32 rdev)
 	struct task_struct *cur = bpf_get_current_task_btf();
 	u32 major = rdev >> 20, minor = rdev & ((1U << 20) - 1), tgid;
 	struct task_class mark = {
-		.class = ZCLASS_ML, .cpu = -1, .node = -1, .tenant = -1,
+		.class = ZCLASS_ML,
+		.cpu = -1,
+		.node = -1,
+		.tenant = -1,
 	};
 	struct task_class *g;
 	u32 *first;
@@ -1174,8 +1183,8 @@ int BPF_PROG(zernel_chrdev_open, struct inode *inode, struct file *filp)
 	return 0;
 }
 
-#define ZERNEL_S_IFMT	0170000
-#define ZERNEL_S_IFCHR	0020000
+#define ZERNEL_S_IFMT  0170000
+#define ZERNEL_S_IFCHR 0020000
 
 SEC("lsm/file_open")
 int BPF_PROG(zernel_file_open, struct file *file)
@@ -1256,8 +1265,9 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(zernel_init)
 		bpf_for(c, ZCLASS_ML, ZCLASS_NR) {
 			ret = scx_bpf_create_dsq(share_dsq(n, 0, c), -1);
 			if (ret) {
-				scx_bpf_error("failed to create tenant dsq %u/%u: %d",
-					      n, c, ret);
+				scx_bpf_error(
+					"failed to create tenant dsq %u/%u: %d",
+					n, c, ret);
 				return ret;
 			}
 		}
@@ -1270,15 +1280,13 @@ void BPF_STRUCT_OPS(zernel_exit, struct scx_exit_info *ei)
 	UEI_RECORD(uei, ei);
 }
 
-SCX_OPS_DEFINE(zernel_ops,
-	       .select_cpu	= (void *)zernel_select_cpu,
-	       .enqueue		= (void *)zernel_enqueue,
-	       .dispatch	= (void *)zernel_dispatch,
-	       .running		= (void *)zernel_running,
-	       .stopping	= (void *)zernel_stopping,
-	       .cpu_release	= (void *)zernel_cpu_release,
-	       .init_task	= (void *)zernel_init_task,
-	       .exit_task	= (void *)zernel_exit_task,
-	       .init		= (void *)zernel_init,
-	       .exit		= (void *)zernel_exit,
-	       .name		= "zernel");
+SCX_OPS_DEFINE(zernel_ops, .select_cpu = (void *)zernel_select_cpu,
+	       .enqueue = (void *)zernel_enqueue,
+	       .dispatch = (void *)zernel_dispatch,
+	       .running = (void *)zernel_running,
+	       .stopping = (void *)zernel_stopping,
+	       .cpu_release = (void *)zernel_cpu_release,
+	       .init_task = (void *)zernel_init_task,
+	       .exit_task = (void *)zernel_exit_task,
+	       .init = (void *)zernel_init, .exit = (void *)zernel_exit,
+	       .name = "zernel");

@@ -8,10 +8,11 @@
 //! ```
 //!
 //! Every error is one line that names the file and, where the parser knows
-//! it, the line, column and key. Each module owns its section (`[phase]`
-//! belongs to [`crate::phase`], `[observe]` to [`crate::observe`], ...), so a
-//! key lives next to the code that reads it. No key is accepted that nothing
-//! reads: unknown keys are errors.
+//! it, the line, column and key. Each section has its submodule here
+//! (`[phase]` in phase.rs, `[observe]` in observe.rs, ...), which the stage
+//! that reads it imports: the configuration comes first and imports no
+//! later stage. No key is accepted that nothing reads: unknown keys are
+//! errors.
 //!
 //! A missing `--config` means the built-in defaults, which equal the
 //! commented configs/zernel.toml.
@@ -21,13 +22,23 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+mod gpu;
+mod observe;
+mod phase;
+mod policy;
 mod source;
+mod topology;
 
+pub use gpu::{GpuConfig, ProviderKind};
+pub use observe::ObserveConfig;
+pub use phase::PhaseConfig;
+pub use policy::{PhasePolicy, PolicyConfig};
+pub(crate) use source::{stamp, Stamp};
 pub use source::{Mode, Source};
+pub use topology::{GpuNodePin, TopologyConfig};
 
 use crate::bpf_intf;
 use crate::class::{Class, DEFAULT_SLICE_US, SLICE_US_RANGE};
-use crate::policy::PolicyConfig;
 use crate::rules::RuleConfig;
 
 /// Default time slice of each class, in microseconds (used when a decision
@@ -104,7 +115,7 @@ impl Default for SchedulerConfig {
 
 /// Valid range of `scheduler.decision_ttl_ms`: longer than a few of the
 /// daemon's heartbeats (at least every 100 ms), at most an hour.
-pub const DECISION_TTL_MS_RANGE: std::ops::RangeInclusive<u64> = 500..=3_600_000;
+pub(crate) const DECISION_TTL_MS_RANGE: std::ops::RangeInclusive<u64> = 500..=3_600_000;
 
 impl SchedulerConfig {
     fn validate(&self) -> Result<(), String> {
@@ -149,10 +160,10 @@ impl SchedulerConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub scheduler: SchedulerConfig,
-    pub observe: crate::observe::ObserveConfig,
-    pub phase: crate::phase::PhaseConfig,
-    pub gpu: crate::gpu::GpuConfig,
-    pub topology: crate::topology::TopologyConfig,
+    pub observe: ObserveConfig,
+    pub phase: PhaseConfig,
+    pub gpu: GpuConfig,
+    pub topology: TopologyConfig,
     pub policy: PolicyConfig,
     pub rules: Vec<RuleConfig>,
     pub tenancy: crate::tenants::TenancyConfig,
@@ -205,7 +216,7 @@ impl Config {
     }
 
     /// Checks the values the type system cannot.
-    pub fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         self.scheduler.validate()?;
         self.observe.validate()?;
         self.phase.validate()?;
@@ -218,7 +229,7 @@ impl Config {
     }
 
     /// The `[[tenants]]` names, in order (rules refer to tenants by name).
-    pub fn tenant_names(&self) -> Vec<&str> {
+    pub(crate) fn tenant_names(&self) -> Vec<&str> {
         self.tenants.iter().map(|t| t.name.as_str()).collect()
     }
 

@@ -8,12 +8,22 @@
 //! ```
 
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use tracing::warn;
 
 use super::{Config, ConfigError, SliceConfig};
 use crate::class::SLICE_US_RANGE;
-use crate::reload::{self, Stamp};
+
+/// What identifies a version of the config file: (device, inode, size,
+/// mtime) of what the path resolves to; None if it cannot be read.
+pub(crate) type Stamp = Option<(u64, u64, u64, SystemTime)>;
+
+pub(crate) fn stamp(path: &Path) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.len(), m.modified().ok()?))
+}
 
 /// Presets for scx_loader's modes, applied on top of the config file.
 ///
@@ -83,8 +93,8 @@ impl Source {
         Ok(cfg)
     }
 
-    pub fn stamp(&self) -> Stamp {
-        reload::stamp(self.path.as_deref()?)
+    pub(crate) fn stamp(&self) -> Stamp {
+        stamp(self.path.as_deref()?)
     }
 }
 

@@ -26,9 +26,9 @@ use std::sync::Arc;
 use procfs::process::{FDTarget, MMapPath, MemoryMaps};
 use procfs::FromRead;
 
-use super::config::ObserveConfig;
 use super::procfile::{DirFile, FdBudget, ReadBuf};
 use super::types::{MlEnv, MlEvidence};
+use crate::config::ObserveConfig;
 
 /// Evidence found by one scan, with a human-readable first item.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

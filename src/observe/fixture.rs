@@ -2,31 +2,8 @@
 //! kernel's formats, written into a temporary directory.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// A temporary directory removed on drop.
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("zernel-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use crate::tempdir::TempDir;
 
 /// Counters and state of one fake thread.
 #[derive(Debug, Clone)]
@@ -42,10 +19,6 @@ pub struct FakeThread {
     pub voluntary: u64,
     pub involuntary: u64,
     pub rchar: u64,
-    pub wchar: u64,
-    pub blkio_ticks: u64,
-    /// Content of the syscall file.
-    pub syscall: String,
 }
 
 impl FakeThread {
@@ -62,9 +35,6 @@ impl FakeThread {
             voluntary: 0,
             involuntary: 0,
             rchar: 0,
-            wchar: 0,
-            blkio_ticks: 0,
-            syscall: format!("{} 0x7f0000000000 0x80 0x0 0x0 0x0 0x0 0x7ffd00000000 0x7f0000001000\n", libc::SYS_futex),
         }
     }
 }
@@ -129,14 +99,13 @@ fn stat_line(
     start: u64,
     vsize: u64,
     cpu: u32,
-    blkio: u64,
     cpu_ns: u64,
 ) -> String {
     // utime: CPU time in clock ticks (10 ms), truncated like the kernel's.
     let utime = cpu_ns / 10_000_000;
     format!(
         "{id} ({comm}) {state} {ppid} {id} {id} 0 -1 {flags} 0 0 0 0 {utime} 0 0 0 20 0 {nthreads} 0 {start} {vsize} 100 \
-18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 {cpu} 0 0 {blkio} 0 0 0 0 0 0 0 0 0 0\n"
+18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 {cpu} 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
     )
 }
 
@@ -176,7 +145,6 @@ pub fn write_proc(root: &Path, p: &FakeProc) {
             p.start,
             p.vsize,
             main.cpu,
-            0,
             // The process's line sums its threads.
             p.threads.iter().map(|t| t.cpu_ns).sum(),
         ),
@@ -224,19 +192,7 @@ pub fn write_thread(root: &Path, p: &FakeProc, t: &FakeThread) {
     let dir = root.join(format!("{}/task/{}", p.pid, t.tid));
     write(
         dir.join("stat"),
-        stat_line(
-            t.tid,
-            &t.comm,
-            t.state,
-            p.ppid,
-            proc_flags(p),
-            p.threads.len(),
-            t.start,
-            p.vsize,
-            t.cpu,
-            t.blkio_ticks,
-            t.cpu_ns,
-        ),
+        stat_line(t.tid, &t.comm, t.state, p.ppid, proc_flags(p), p.threads.len(), t.start, p.vsize, t.cpu, t.cpu_ns),
     );
     write(dir.join("comm"), format!("{}\n", t.comm));
     write(dir.join("schedstat"), format!("{} {} {}\n", t.cpu_ns, t.runq_ns, t.slices));
@@ -247,11 +203,10 @@ pub fn write_thread(root: &Path, p: &FakeProc, t: &FakeThread) {
     write(
         dir.join("io"),
         format!(
-            "rchar: {}\nwchar: {}\nsyscr: 1\nsyscw: 1\nread_bytes: 0\nwrite_bytes: 0\ncancelled_write_bytes: 0\n",
-            t.rchar, t.wchar
+            "rchar: {}\nwchar: 0\nsyscr: 1\nsyscw: 1\nread_bytes: 0\nwrite_bytes: 0\ncancelled_write_bytes: 0\n",
+            t.rchar
         ),
     );
-    write(dir.join("syscall"), &t.syscall);
 }
 
 /// Removes a process directory (the process exited).

@@ -28,7 +28,7 @@
 //!                       threads: relist task/ if the count changed; names due
 //!                       re-read (back-off); ML threads sampled (thread.rs)
 //!                                 │
-//!  GPU provider ─────────> classify: own evidence | GPU user | forced | ancestor ML
+//!  GPU provider ──> classify_processes: own evidence | GPU user | forced | ancestor ML
 //!                                 │  -> ml flag, DataLoader process, roles, GPUs
 //!                                 v
 //!                             Snapshot
@@ -60,7 +60,7 @@
 //!   threads whose view changed since the previous pass.
 //! * Threads of ML processes cost one schedstat pread per pass (~1.5 µs);
 //!   only threads that were runnable ≥ `active_busy_frac` of the interval
-//!   also get stat, status, io and syscall (~20 µs).
+//!   also get stat, status and io (~20 µs).
 //! * Pool threads (role Other) quiet for a second are held back: every
 //!   `quiet_sample_interval_ms` the process's own stat (its CPU time, all
 //!   threads summed by the kernel) is compared with what the samples since
@@ -103,8 +103,8 @@
 //! ```text
 //! gpu.refresh();
 //! let snap = observer.poll(gpu.as_ref());      // &Snapshot, valid until the next poll
-//! for p in snap.changed_processes() { ... }     // NEW / EXEC / RENAMED / CGROUP / ML / PARENT
-//! for t in snap.changed_threads() { ... }       // NEW / RENAMED / ML: evaluate rules here
+//! for p in &snap.processes { ... }             // p.changes: NEW / EXEC / RENAMED / CGROUP / ML / PARENT
+//! for t in &snap.threads { ... }               // t.changes: NEW / RENAMED / ML: evaluate rules on these
 //! let changes = detector.update(snap);
 //! observer.set_forced_ml(pid, Some(true));      // rule verdicts: effective at the next poll
 //! ```
@@ -112,7 +112,6 @@
 //! copy of the snapshot would not make the observer sample the threads, so
 //! they would have no deltas and never leave Unknown.
 
-mod config;
 mod evidence;
 mod process;
 mod procfile;
@@ -132,11 +131,12 @@ use std::time::{Duration, Instant};
 
 use procfs::FromRead;
 
-pub use config::ObserveConfig;
+pub use crate::config::ObserveConfig;
 pub use evidence::resolve_visible_devices;
 pub use roles::{role_from_name, thread_role};
 pub use types::*;
 
+use crate::events::{ProcEvent, ProcEventKind};
 use crate::gpu::GpuProvider;
 use evidence::{is_multiprocessing_child, is_python, EvidenceMatcher};
 use process::{ProcEntry, ProcSettings};
@@ -160,8 +160,6 @@ pub struct Observer {
     procs: BTreeMap<i32, ProcEntry>,
     snap: Snapshot,
     last_pass: Option<Instant>,
-    delayacct: bool,
-    next_delayacct_check: Instant,
     rescan_interval: Duration,
     evidence_interval: Duration,
     quiet_interval: Duration,
@@ -189,10 +187,10 @@ pub struct Observer {
 /// With the kernel's process events, /proc is listed (a reconciliation:
 /// whatever the events missed) every this many rescan intervals (5 s by
 /// default), instead of whenever a task was created or exited.
-pub const RECONCILE_RESCANS: u32 = 5;
+pub(crate) const RECONCILE_RESCANS: u32 = 5;
 
 /// Result of classifying one process.
-struct Class {
+struct ProcessVerdict {
     ml: bool,
     evidence: MlEvidence,
     /// The evidence described, when the evidence changed.
@@ -222,8 +220,6 @@ impl Observer {
             procs: BTreeMap::new(),
             snap: Snapshot::default(),
             last_pass: None,
-            delayacct: false,
-            next_delayacct_check: Instant::now(),
             rescan_interval: Duration::from_millis(cfg.rescan_interval_ms),
             evidence_interval: Duration::from_millis(cfg.evidence_interval_ms),
             quiet_interval: Duration::from_millis(cfg.quiet_sample_interval_ms),
@@ -253,7 +249,7 @@ impl Observer {
     /// discovered in the next pass (a recycled pid's old process is gone
     /// first), an exec'd one is rescanned then, an exited one let go of
     /// once its /proc directory is gone.
-    pub fn note_process_events(&mut self, events: &[ProcEvent]) {
+    pub(crate) fn note_process_events(&mut self, events: &[ProcEvent]) {
         let now = Instant::now();
         self.events_taken += events.len() as u64;
         for e in events {
@@ -272,28 +268,23 @@ impl Observer {
 
     /// The kernel lost process events (its ring buffer was full): /proc is
     /// listed in the next pass.
-    pub fn note_events_lost(&mut self) {
+    pub(crate) fn note_events_lost(&mut self) {
         self.next_listing = Instant::now();
     }
 
     /// (process events taken, /proc listings) since start.
-    pub fn discovery_counts(&self) -> (u64, u64) {
+    pub(crate) fn discovery_counts(&self) -> (u64, u64) {
         (self.events_taken, self.listings)
-    }
-
-    /// /proc files currently kept open.
-    pub fn cached_fds(&self) -> usize {
-        self.budget.used()
     }
 
     /// Forces a process to be ML (`Some(true)`), never ML (`Some(false)`),
     /// or back to automatic detection (`None`). For the rules engine: call it
-    /// for processes in [`Snapshot::changed_processes`]; it takes effect at
+    /// for processes whose `changes` are not empty; it takes effect at
     /// the next [`poll`](Self::poll) and lasts until the process exits or
     /// execs another program (an exec shows up as [`Changes::EXEC`], when
     /// rules are evaluated again). Children inherit a forced ML flag like
     /// any other. Returns false when the pid is unknown.
-    pub fn set_forced_ml(&mut self, pid: i32, force: Option<bool>) -> bool {
+    pub(crate) fn set_forced_ml(&mut self, pid: i32, force: Option<bool>) -> bool {
         match self.procs.get_mut(&pid) {
             Some(p) => {
                 p.forced = force;
@@ -308,7 +299,7 @@ impl Observer {
     /// `device_open`, described by `what`), until it exits or execs. A pid
     /// not discovered yet gets it at discovery, if that comes within a
     /// rescan interval and its start time matches.
-    pub fn note_device_open(&mut self, pid: i32, start_ticks: u64, what: &str) {
+    pub(crate) fn note_device_open(&mut self, pid: i32, start_ticks: u64, what: &str) {
         match self.procs.get_mut(&pid) {
             Some(p) if p.view.start_ticks == start_ticks => p.device_open = Some(Arc::from(what)),
             Some(_) => {}
@@ -356,11 +347,6 @@ impl Observer {
         let start = Instant::now();
         let elapsed = self.last_pass.map(|t| start.saturating_duration_since(t)).unwrap_or_default();
         self.last_pass = Some(start);
-        if start >= self.next_delayacct_check {
-            self.delayacct =
-                std::fs::read_to_string(self.root.join("sys/kernel/task_delayacct")).is_ok_and(|s| s.trim() == "1");
-            self.next_delayacct_check = start + self.rescan_interval;
-        }
         let mut gone = Vec::new();
         for p in self.procs.values_mut() {
             p.begin_pass();
@@ -427,7 +413,6 @@ impl Observer {
             budget: &self.budget,
             buf: &mut self.buf,
             now: start,
-            delayacct: self.delayacct,
             active_busy_frac: self.active_busy_frac,
             quiet_interval: self.quiet_interval,
             name_interval_max: self.name_interval,
@@ -471,7 +456,7 @@ impl Observer {
             None => start_time_young(*told, rescan),
         });
 
-        let newly_ml = classify(procs, gpu, self.inherit_depth);
+        let newly_ml = classify_processes(procs, gpu, self.inherit_depth);
         // Baseline samples for threads of processes that just became ML, so
         // that the next pass has deltas.
         for pid in newly_ml {
@@ -491,7 +476,6 @@ impl Observer {
         let snap = &mut self.snap;
         snap.seq += 1;
         snap.interval_ns = elapsed.as_nanos() as u64;
-        snap.delayacct = self.delayacct;
         snap.gone = gone;
         snap.gpus.clear();
         snap.gpus.extend_from_slice(gpu.devices());
@@ -542,7 +526,7 @@ fn start_time_young(told: Instant, rescan: Duration) -> bool {
 
 /// Decides ML, evidence, DataLoader status and roles for every process.
 /// Returns the pids that became ML in this pass.
-fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: u32) -> Vec<i32> {
+fn classify_processes(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: u32) -> Vec<i32> {
     let gpu_pids: std::collections::HashSet<i32> =
         gpu.processes().iter().filter_map(|p| i32::try_from(p.pid).ok()).collect();
     let own = |p: &ProcEntry| {
@@ -573,7 +557,7 @@ fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: 
     };
 
     // In the map's order, which the loop below walks again.
-    let mut classes: Vec<Class> = Vec::with_capacity(procs.len());
+    let mut verdicts: Vec<ProcessVerdict> = Vec::with_capacity(procs.len());
     for (&pid, p) in procs.iter() {
         let own_ev = own(p);
         let from_parent = p.forced.is_none() && own_ev.is_empty() && inherited(p);
@@ -614,11 +598,11 @@ fn classify(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvider, depth: 
             )
         };
         let parent_comm = parent.map(|a| a.view.comm.clone());
-        classes.push(Class { ml, evidence, detail, loader, parent_comm });
+        verdicts.push(ProcessVerdict { ml, evidence, detail, loader, parent_comm });
     }
 
     let mut newly_ml = Vec::new();
-    for ((&pid, p), c) in procs.iter_mut().zip(classes) {
+    for ((&pid, p), c) in procs.iter_mut().zip(verdicts) {
         let v = &mut p.view;
         let was_ml = v.ml;
         if (c.ml != v.ml || c.evidence != v.evidence) && !v.changes.contains(Changes::NEW) {

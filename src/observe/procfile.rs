@@ -66,6 +66,7 @@ impl FdBudget {
         FdBudget { used: Arc::new(AtomicUsize::new(0)), limit }
     }
 
+    #[cfg(test)]
     pub fn used(&self) -> usize {
         self.used.load(Ordering::Relaxed)
     }
@@ -131,7 +132,7 @@ impl ReadBuf {
     }
 
     /// Reads a file the kernel shows as one record (`proc_single_show`:
-    /// a task's stat, schedstat, status, io, syscall, comm, cgroup): the
+    /// a task's stat, schedstat, status, io, comm, cgroup): the
     /// whole text is made at the first read, so a read shorter than the
     /// buffer is the end, and one pread is enough where [`fill`](Self::fill)
     /// needs a second, empty one.

@@ -11,12 +11,11 @@
 //!   runnable >= active_busy_frac? ──no──> quiet: no detailed read; a pool
 //!    │yes                                 thread (role Other) quiet for 1 s is
 //!    │                                    then held back (see process.rs)
-//!   pread stat    ──> state, last CPU, comm (rename), blkio ticks
+//!   pread stat    ──> last CPU, comm (rename)
 //!   pread status  ──> voluntary / involuntary switches
-//!   pread io      ──> rchar / wchar
-//!   blocked? pread syscall (or wchan) ──> what it waits in (futex, ioctl...)
+//!   pread io      ──> rchar
 //! ```
-//! Reading four files for every thread costs ~20 µs (stat ~4 µs, status
+//! Reading three files for every thread costs ~20 µs (stat ~4 µs, status
 //! ~9 µs of kernel time on the reference VM): too much for thousands of
 //! threads, so only threads that did something get it. Counters are
 //! cumulative, so a skipped read loses nothing: the next detailed read's
@@ -30,7 +29,7 @@ use procfs::process::{Io, Schedstat, Stat};
 use procfs::FromRead;
 
 use super::procfile::{FdBudget, ProcFile, ReadBuf, ReadError};
-use super::types::{ticks_to_ns, Changes, DetailDelta, ThreadDelta, ThreadRole, ThreadState, ThreadView, WaitKind};
+use super::types::{Changes, DetailDelta, ThreadDelta, ThreadRole, ThreadView};
 
 /// What a pass shares with every thread it touches.
 pub struct PassCtx<'a> {
@@ -38,7 +37,6 @@ pub struct PassCtx<'a> {
     pub budget: &'a FdBudget,
     pub buf: &'a mut ReadBuf,
     pub now: Instant,
-    pub delayacct: bool,
     pub active_busy_frac: f64,
     pub quiet_interval: Duration,
     /// Longest time between two name checks of a thread.
@@ -77,8 +75,6 @@ struct DetailSample {
     voluntary: u64,
     involuntary: u64,
     rchar: u64,
-    wchar: u64,
-    blkio_ticks: u64,
 }
 
 #[derive(Debug, Default)]
@@ -88,7 +84,6 @@ struct ThreadFiles {
     stat: ProcFile,
     status: ProcFile,
     io: ProcFile,
-    syscall: ProcFile,
 }
 
 /// Observer state of one thread.
@@ -120,20 +115,12 @@ fn task_path(root: &Path, tgid: i32, tid: i32, file: &str) -> PathBuf {
 struct StatInfo {
     comm: String,
     start_ticks: u64,
-    state: ThreadState,
     cpu: Option<u32>,
-    blkio_ticks: u64,
 }
 
 fn parse_stat(buf: &ReadBuf) -> Result<StatInfo, ReadError> {
     let st = Stat::from_read(buf.bytes()).map_err(|_| ReadError::Other)?;
-    Ok(StatInfo {
-        comm: st.comm,
-        start_ticks: st.starttime,
-        state: ThreadState::from_char(st.state),
-        cpu: st.processor.and_then(|c| u32::try_from(c).ok()),
-        blkio_ticks: st.delayacct_blkio_ticks.unwrap_or(0),
-    })
+    Ok(StatInfo { comm: st.comm, start_ticks: st.starttime, cpu: st.processor.and_then(|c| u32::try_from(c).ok()) })
 }
 
 /// The two context-switch counters of /proc/.../status.
@@ -161,71 +148,8 @@ fn status_switches(text: &[u8]) -> Option<(u64, u64)> {
     Some((vol?, invol?))
 }
 
-/// Classifies the first field of /proc/.../syscall ("202 0x..", "running").
-pub fn wait_from_syscall(text: &str) -> WaitKind {
-    let first = text.split_whitespace().next().unwrap_or("");
-    if first == "running" {
-        return WaitKind::NotWaiting;
-    }
-    match first.parse::<i64>() {
-        Ok(nr) => wait_from_nr(nr),
-        Err(_) => WaitKind::Unknown,
-    }
-}
-
-fn wait_from_nr(nr: i64) -> WaitKind {
-    use libc::*;
-    #[cfg(target_arch = "x86_64")]
-    if [SYS_poll, SYS_select, SYS_epoll_wait].contains(&nr) {
-        return WaitKind::Poll;
-    }
-    match nr {
-        _ if nr == SYS_futex || nr == SYS_futex_waitv => WaitKind::Futex,
-        _ if nr == SYS_ioctl => WaitKind::Ioctl,
-        _ if [SYS_ppoll, SYS_pselect6, SYS_epoll_pwait, SYS_epoll_pwait2].contains(&nr) => WaitKind::Poll,
-        _ if [
-            SYS_read,
-            SYS_write,
-            SYS_readv,
-            SYS_writev,
-            SYS_pread64,
-            SYS_pwrite64,
-            SYS_recvfrom,
-            SYS_recvmsg,
-            SYS_sendto,
-            SYS_sendmsg,
-            SYS_io_getevents,
-            SYS_io_uring_enter,
-        ]
-        .contains(&nr) =>
-        {
-            WaitKind::Io
-        }
-        _ if nr == SYS_nanosleep || nr == SYS_clock_nanosleep => WaitKind::Sleep,
-        _ => WaitKind::Other(nr),
-    }
-}
-
-/// Classifies a wchan symbol (fallback when the syscall file is unreadable).
-pub fn wait_from_wchan(text: &str) -> WaitKind {
-    let s = text.trim();
-    if s.is_empty() || s == "0" {
-        WaitKind::Unknown
-    } else if s.contains("futex") {
-        WaitKind::Futex
-    } else if s.contains("poll") || s.contains("select") || s.starts_with("ep_") {
-        WaitKind::Poll
-    } else if s.contains("nanosleep") || s.starts_with("hrtimer") {
-        WaitKind::Sleep
-    } else if s.starts_with("pipe_") || s.contains("wait_woken") || s.contains("sk_wait") {
-        WaitKind::Io
-    } else {
-        WaitKind::Other(-1)
-    }
-}
-
 impl ThreadEntry {
-    /// Reads a new thread's stat (start time, name, state).
+    /// Reads a new thread's stat (start time, name, last CPU).
     pub fn discover(tgid: i32, tid: i32, ctx: &mut PassCtx) -> Result<ThreadEntry, ReadError> {
         ctx.buf.read_path(&task_path(ctx.root, tgid, tid, "stat"))?;
         let st = parse_stat(ctx.buf)?;
@@ -240,8 +164,6 @@ impl ThreadEntry {
                 ml: false,
                 gpus: Arc::from([]),
                 last_cpu: st.cpu,
-                state: st.state,
-                wait: WaitKind::Unknown,
                 delta: None,
                 changes: Changes::NEW,
             },
@@ -305,7 +227,7 @@ impl ThreadEntry {
     /// longer ML) and forgets the baselines.
     pub fn stop_sampling(&mut self) {
         let f = &mut self.files;
-        for file in [&mut f.schedstat, &mut f.stat, &mut f.status, &mut f.io, &mut f.syscall] {
+        for file in [&mut f.schedstat, &mut f.stat, &mut f.status, &mut f.io] {
             file.close();
         }
         self.sched = None;
@@ -313,7 +235,6 @@ impl ThreadEntry {
         self.quiet_since = None;
         self.next_sample = None;
         self.view.delta = None;
-        self.view.wait = WaitKind::Unknown;
         self.dirty = true;
     }
 
@@ -368,7 +289,7 @@ impl ThreadEntry {
         Ok(())
     }
 
-    /// Reads stat, status, io (and syscall when blocked); returns the delta
+    /// Reads stat, status and io; returns the delta
     /// of their counters since the previous detailed read.
     fn read_detail(&mut self, ctx: &mut PassCtx) -> Result<Option<DetailDelta>, ReadError> {
         let (tgid, tid, root, budget) = (self.view.tgid, self.view.tid, ctx.root, ctx.budget);
@@ -379,7 +300,6 @@ impl ThreadEntry {
         }
         self.set_comm(&st.comm);
         self.name_checked(ctx);
-        self.view.state = st.state;
         self.view.last_cpu = st.cpu;
 
         self.files.status.read_record(|| task_path(root, tgid, tid, "status"), budget, ctx.buf)?;
@@ -387,36 +307,19 @@ impl ThreadEntry {
         let (voluntary, involuntary) = status_switches(ctx.buf.bytes()).ok_or(ReadError::Other)?;
 
         // io needs ptrace access; a denied read leaves the I/O counters at 0.
-        let (rchar, wchar) = match self.files.io.read_record(|| task_path(root, tgid, tid, "io"), budget, ctx.buf) {
-            Ok(()) => Io::from_read(ctx.buf.bytes()).map(|io| (io.rchar, io.wchar)).unwrap_or((0, 0)),
+        let rchar = match self.files.io.read_record(|| task_path(root, tgid, tid, "io"), budget, ctx.buf) {
+            Ok(()) => Io::from_read(ctx.buf.bytes()).map_or(0, |io| io.rchar),
             Err(ReadError::Gone) => return Err(ReadError::Gone),
-            Err(_) => (0, 0),
+            Err(_) => 0,
         };
 
-        self.view.wait = if st.state.is_blocked() {
-            match self.files.syscall.read_record(|| task_path(root, tgid, tid, "syscall"), budget, ctx.buf) {
-                Ok(()) => wait_from_syscall(&ctx.buf.text()),
-                Err(ReadError::Gone) => return Err(ReadError::Gone),
-                Err(_) => match ctx.buf.read_path(&task_path(root, tgid, tid, "wchan")) {
-                    Ok(()) => wait_from_wchan(&ctx.buf.text()),
-                    Err(_) => WaitKind::Unknown,
-                },
-            }
-        } else if st.state == ThreadState::Running {
-            WaitKind::NotWaiting
-        } else {
-            WaitKind::Unknown
-        };
-
-        let cur = DetailSample { read_at, voluntary, involuntary, rchar, wchar, blkio_ticks: st.blkio_ticks };
+        let cur = DetailSample { read_at, voluntary, involuntary, rchar };
         let prev = self.detail.replace(cur);
         Ok(prev.map(|p| DetailDelta {
             interval_ns: read_at.saturating_duration_since(p.read_at).as_nanos() as u64,
             voluntary_switches: cur.voluntary.saturating_sub(p.voluntary),
             involuntary_switches: cur.involuntary.saturating_sub(p.involuntary),
             read_bytes: cur.rchar.saturating_sub(p.rchar),
-            write_bytes: cur.wchar.saturating_sub(p.wchar),
-            blkio_delay_ns: ctx.delayacct.then(|| ticks_to_ns(cur.blkio_ticks.saturating_sub(p.blkio_ticks))),
         }))
     }
 }
@@ -444,7 +347,6 @@ mod tests {
             budget: &budget,
             buf: &mut buf,
             now: t0.checked_sub(Duration::from_secs(10)).unwrap_or(t0),
-            delayacct: false,
             active_busy_frac: 0.0,
             quiet_interval: Duration::ZERO,
             name_interval_max: Duration::from_secs(1),
@@ -471,23 +373,5 @@ voluntary_ctxt_switches:\t1234\nnonvoluntary_ctxt_switches:\t56\n";
         assert_eq!(status_switches(status), Some((1234, 56)));
         assert_eq!(status_switches(b"Name:\tx\n"), None);
         assert_eq!(status_switches(b"voluntary_ctxt_switches:\tlots\nnonvoluntary_ctxt_switches:\t1\n"), None);
-    }
-
-    #[test]
-    fn syscall_and_wchan_classification() {
-        assert_eq!(wait_from_syscall("running\n"), WaitKind::NotWaiting);
-        let futex = format!("{} 0x7f00 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f01\n", libc::SYS_futex);
-        assert_eq!(wait_from_syscall(&futex), WaitKind::Futex);
-        assert_eq!(wait_from_syscall(&format!("{} 0x3 0xc0", libc::SYS_ioctl)), WaitKind::Ioctl);
-        assert_eq!(wait_from_syscall(&format!("{} 0x3", libc::SYS_read)), WaitKind::Io);
-        assert_eq!(wait_from_syscall("-1 0x7ffd 0x7f00"), WaitKind::Other(-1));
-        assert_eq!(wait_from_syscall("garbage"), WaitKind::Unknown);
-        #[cfg(target_arch = "x86_64")]
-        assert_eq!(wait_from_syscall("202 0x1"), WaitKind::Futex);
-        assert_eq!(wait_from_wchan("futex_do_wait"), WaitKind::Futex);
-        assert_eq!(wait_from_wchan("futex_wait_queue_me"), WaitKind::Futex);
-        assert_eq!(wait_from_wchan("do_epoll_wait"), WaitKind::Poll);
-        assert_eq!(wait_from_wchan("hrtimer_nanosleep"), WaitKind::Sleep);
-        assert_eq!(wait_from_wchan("0"), WaitKind::Unknown);
     }
 }

@@ -9,12 +9,12 @@
 use std::fmt;
 use std::sync::Arc;
 
-/// USER_HZ: the unit of `start_ticks` and of `delayacct_blkio_ticks`.
+/// USER_HZ: the unit of `start_ticks` and of a process's CPU time in stat.
 pub const USER_HZ: u64 = crate::bpf_intf::zernel_consts_ZERNEL_USER_HZ as u64;
-pub const NS_PER_TICK: u64 = 1_000_000_000 / USER_HZ;
+pub(crate) const NS_PER_TICK: u64 = 1_000_000_000 / USER_HZ;
 
 /// Converts USER_HZ ticks to nanoseconds.
-pub fn ticks_to_ns(ticks: u64) -> u64 {
+pub(crate) fn ticks_to_ns(ticks: u64) -> u64 {
     ticks.saturating_mul(NS_PER_TICK)
 }
 
@@ -64,12 +64,12 @@ impl ThreadRole {
     }
 
     /// A thread that works for the collective layer (NCCL/RCCL, gloo).
-    pub fn is_collective(self) -> bool {
+    pub(crate) fn is_collective(self) -> bool {
         matches!(self, ThreadRole::NcclProgress | ThreadRole::NcclService | ThreadRole::NcclMonitor | ThreadRole::Gloo)
     }
 
     /// A thread that feeds data (loader worker or pin-memory).
-    pub fn is_loader(self) -> bool {
+    pub(crate) fn is_loader(self) -> bool {
         matches!(self, ThreadRole::DataLoader | ThreadRole::PinMemory)
     }
 }
@@ -80,87 +80,32 @@ impl fmt::Display for ThreadRole {
     }
 }
 
-/// Scheduler state of a thread (field 3 of stat) at its last detailed read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ThreadState {
-    Running,
-    Sleeping,
-    DiskSleep,
-    Stopped,
-    Zombie,
-    Idle,
-    #[default]
-    Unknown,
-}
-
-impl ThreadState {
-    pub fn from_char(c: char) -> ThreadState {
-        match c {
-            'R' => ThreadState::Running,
-            'S' => ThreadState::Sleeping,
-            'D' => ThreadState::DiskSleep,
-            'T' | 't' => ThreadState::Stopped,
-            'Z' | 'X' => ThreadState::Zombie,
-            'I' => ThreadState::Idle,
-            _ => ThreadState::Unknown,
-        }
-    }
-
-    /// Blocked (interruptibly or not): the thread waits for something.
-    pub fn is_blocked(self) -> bool {
-        matches!(self, ThreadState::Sleeping | ThreadState::DiskSleep)
-    }
-}
-
-/// What a blocked thread waits in, from /proc/.../syscall (or wchan when the
-/// syscall file is unreadable), at its last detailed read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum WaitKind {
-    /// Not blocked (running or runnable).
-    NotWaiting,
-    /// futex(2) / futex_waitv(2): a lock, condition variable or event.
-    Futex,
-    /// ioctl(2): typically a GPU driver synchronisation.
-    Ioctl,
-    /// poll/select/epoll families.
-    Poll,
-    /// read/write-like I/O syscalls (pipes, files, sockets).
-    Io,
-    /// nanosleep/clock_nanosleep.
-    Sleep,
-    /// Another syscall (number kept).
-    Other(i64),
-    /// Not read or not readable.
-    #[default]
-    Unknown,
-}
-
 /// Why a process is considered ML. A small bit set; see the constants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub struct MlEvidence(u16);
 
 impl MlEvidence {
     /// An fd to a GPU device (`/dev/nvidia*`, `/dev/kfd`, `/dev/dri/renderD*`).
-    pub const DEVICE_FD: MlEvidence = MlEvidence(1 << 0);
+    pub(crate) const DEVICE_FD: MlEvidence = MlEvidence(1 << 0);
     /// A GPU device file mapped in memory.
-    pub const DEVICE_MAP: MlEvidence = MlEvidence(1 << 1);
+    pub(crate) const DEVICE_MAP: MlEvidence = MlEvidence(1 << 1);
     /// A GPU runtime or ML library mapped (libcuda, libcudart, libtorch_cuda...).
-    pub const GPU_LIBRARY: MlEvidence = MlEvidence(1 << 2);
+    pub(crate) const GPU_LIBRARY: MlEvidence = MlEvidence(1 << 2);
     /// A collective library mapped (libnccl, librccl).
-    pub const COLLECTIVE_LIBRARY: MlEvidence = MlEvidence(1 << 3);
+    pub(crate) const COLLECTIVE_LIBRARY: MlEvidence = MlEvidence(1 << 3);
     /// A distributed-training variable in the environment (RANK, LOCAL_RANK, WORLD_SIZE).
     pub const ENV_RANK: MlEvidence = MlEvidence(1 << 4);
     /// CUDA_VISIBLE_DEVICES (or another configured variable) in the environment.
-    pub const ENV_DEVICES: MlEvidence = MlEvidence(1 << 5);
+    pub(crate) const ENV_DEVICES: MlEvidence = MlEvidence(1 << 5);
     /// The GPU provider lists the process as a GPU user.
-    pub const GPU_PROCESS: MlEvidence = MlEvidence(1 << 6);
+    pub(crate) const GPU_PROCESS: MlEvidence = MlEvidence(1 << 6);
     /// The parent (or an ancestor) is ML: DataLoader workers and the like.
-    pub const PARENT: MlEvidence = MlEvidence(1 << 7);
+    pub(crate) const PARENT: MlEvidence = MlEvidence(1 << 7);
     /// Forced by [`crate::observe::Observer::set_forced_ml`] (rules engine).
-    pub const FORCED: MlEvidence = MlEvidence(1 << 8);
+    pub(crate) const FORCED: MlEvidence = MlEvidence(1 << 8);
     /// The kernel saw the process open a GPU device (a ring buffer event of
     /// the BPF side), even one whose fd is gone or whose open failed.
-    pub const DEVICE_OPEN: MlEvidence = MlEvidence(1 << 9);
+    pub(crate) const DEVICE_OPEN: MlEvidence = MlEvidence(1 << 9);
 
     const NAMES: [(MlEvidence, &'static str); 10] = [
         (Self::DEVICE_FD, "device_fd"),
@@ -175,13 +120,13 @@ impl MlEvidence {
         (Self::DEVICE_OPEN, "device_open"),
     ];
 
-    pub const NONE: MlEvidence = MlEvidence(0);
+    pub(crate) const NONE: MlEvidence = MlEvidence(0);
 
     pub fn contains(self, other: MlEvidence) -> bool {
         self.0 & other.0 == other.0 && other.0 != 0
     }
 
-    pub fn intersects(self, other: MlEvidence) -> bool {
+    pub(crate) fn intersects(self, other: MlEvidence) -> bool {
         self.0 & other.0 != 0
     }
 
@@ -189,7 +134,7 @@ impl MlEvidence {
         self.0 == 0
     }
 
-    pub fn bits(self) -> u16 {
+    pub(crate) fn bits(self) -> u16 {
         self.0
     }
 
@@ -232,22 +177,22 @@ impl fmt::Display for MlEvidence {
 pub struct Changes(u8);
 
 impl Changes {
-    pub const NONE: Changes = Changes(0);
+    pub(crate) const NONE: Changes = Changes(0);
     /// First seen in this pass.
     pub const NEW: Changes = Changes(1 << 0);
     /// comm changed (prctl/pthread_setname_np).
-    pub const RENAMED: Changes = Changes(1 << 1);
+    pub(crate) const RENAMED: Changes = Changes(1 << 1);
     /// The process executed a new program (/proc/pid/exe changed).
-    pub const EXEC: Changes = Changes(1 << 2);
+    pub(crate) const EXEC: Changes = Changes(1 << 2);
     /// The process moved to another cgroup.
-    pub const CGROUP: Changes = Changes(1 << 3);
+    pub(crate) const CGROUP: Changes = Changes(1 << 3);
     /// The ML flag (or the evidence behind it) changed.
     pub const ML: Changes = Changes(1 << 4);
     /// The parent changed (re-parented to a subreaper or init).
-    pub const PARENT: Changes = Changes(1 << 5);
+    pub(crate) const PARENT: Changes = Changes(1 << 5);
     /// The thread's role changed (its process became or stopped being a
     /// DataLoader process).
-    pub const ROLE: Changes = Changes(1 << 6);
+    pub(crate) const ROLE: Changes = Changes(1 << 6);
 
     pub fn is_empty(self) -> bool {
         self.0 == 0
@@ -348,19 +293,11 @@ pub struct ThreadDelta {
 impl ThreadDelta {
     /// Fraction of the interval the thread was runnable (on CPU or queued).
     /// Robust to CPU contention, unlike the on-CPU fraction alone.
-    pub fn busy_frac(&self) -> f64 {
+    pub(crate) fn busy_frac(&self) -> f64 {
         if self.interval_ns == 0 {
             return 0.0;
         }
         ((self.cpu_ns + self.runq_wait_ns) as f64 / self.interval_ns as f64).min(1.0)
-    }
-
-    /// Fraction of the interval spent on a CPU.
-    pub fn cpu_frac(&self) -> f64 {
-        if self.interval_ns == 0 {
-            return 0.0;
-        }
-        (self.cpu_ns as f64 / self.interval_ns as f64).min(1.0)
     }
 }
 
@@ -371,11 +308,8 @@ pub struct DetailDelta {
     pub interval_ns: u64,
     pub voluntary_switches: u64,
     pub involuntary_switches: u64,
-    /// Bytes read/written through syscalls (rchar/wchar: files, pipes, sockets).
+    /// Bytes read through syscalls (rchar: files, pipes, sockets).
     pub read_bytes: u64,
-    pub write_bytes: u64,
-    /// Block I/O delay (delayacct_blkio_ticks); None when delay accounting is off.
-    pub blkio_delay_ns: Option<u64>,
 }
 
 impl DetailDelta {
@@ -386,20 +320,16 @@ impl DetailDelta {
         v as f64 * 1e9 / self.interval_ns as f64
     }
 
-    pub fn voluntary_per_sec(&self) -> f64 {
+    pub(crate) fn voluntary_per_sec(&self) -> f64 {
         self.per_sec(self.voluntary_switches)
     }
 
-    pub fn involuntary_per_sec(&self) -> f64 {
+    pub(crate) fn involuntary_per_sec(&self) -> f64 {
         self.per_sec(self.involuntary_switches)
     }
 
-    pub fn read_bytes_per_sec(&self) -> f64 {
+    pub(crate) fn read_bytes_per_sec(&self) -> f64 {
         self.per_sec(self.read_bytes)
-    }
-
-    pub fn io_bytes_per_sec(&self) -> f64 {
-        self.per_sec(self.read_bytes.saturating_add(self.write_bytes))
     }
 }
 
@@ -422,8 +352,6 @@ pub struct ThreadView {
     pub gpus: Arc<[u32]>,
     /// CPU it last ran on (field 39 of stat), at its last detailed read.
     pub last_cpu: Option<u32>,
-    pub state: ThreadState,
-    pub wait: WaitKind,
     /// Counters since the previous sample; None when not sampled in this
     /// pass (non-ML threads, first sight, quiet threads between samples).
     pub delta: Option<ThreadDelta>,
@@ -436,23 +364,10 @@ impl ThreadView {
     /// shared instead of cloning it. The process's fields (`proc_index`,
     /// `ml`, `gpus`) are left to the caller, which sets them from the
     /// process.
-    pub fn update_from(&mut self, src: &ThreadView) {
+    pub(crate) fn update_from(&mut self, src: &ThreadView) {
         // Exhaustive: a new field must be handled here.
-        let ThreadView {
-            tid,
-            tgid,
-            proc_index: _,
-            comm,
-            start_ticks,
-            role,
-            ml: _,
-            gpus: _,
-            last_cpu,
-            state,
-            wait,
-            delta,
-            changes,
-        } = src;
+        let ThreadView { tid, tgid, proc_index: _, comm, start_ticks, role, ml: _, gpus: _, last_cpu, delta, changes } =
+            src;
         if !Arc::ptr_eq(&self.comm, comm) {
             self.comm = comm.clone();
         }
@@ -461,8 +376,6 @@ impl ThreadView {
         self.start_ticks = *start_ticks;
         self.role = *role;
         self.last_cpu = *last_cpu;
-        self.state = *state;
-        self.wait = *wait;
         self.delta = *delta;
         self.changes = *changes;
     }
@@ -479,25 +392,6 @@ pub struct GoneThread {
 /// A GPU as the provider sees it (copied into the snapshot for topology/stats).
 pub use crate::gpu::GpuDevice;
 
-/// What the kernel told of a process (the scheduler's process events).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProcEventKind {
-    /// Forked.
-    New,
-    /// Exec'd another program.
-    Exec,
-    /// Its leader exited.
-    Exit,
-}
-
-/// A process event: `pid` (its tgid), started at `start_ticks` (USER_HZ).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcEvent {
-    pub kind: ProcEventKind,
-    pub pid: i32,
-    pub start_ticks: u64,
-}
-
 /// The result of one observer pass.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
@@ -507,8 +401,6 @@ pub struct Snapshot {
     pub interval_ns: u64,
     /// How long this pass took.
     pub pass_ns: u64,
-    /// Delay accounting is on (blkio delays are meaningful).
-    pub delayacct: bool,
     /// Sorted by pid.
     pub processes: Vec<ProcessView>,
     /// Sorted by (tgid, tid).
@@ -539,13 +431,15 @@ impl Snapshot {
         self.threads.iter().filter(|t| t.ml)
     }
 
-    /// Processes new or changed in this pass: evaluate rules on these.
-    pub fn changed_processes(&self) -> impl Iterator<Item = &ProcessView> {
+    /// Processes new or changed in this pass.
+    #[cfg(test)]
+    pub(crate) fn changed_processes(&self) -> impl Iterator<Item = &ProcessView> {
         self.processes.iter().filter(|p| !p.changes.is_empty())
     }
 
-    /// Threads new or renamed in this pass: evaluate rules on these.
-    pub fn changed_threads(&self) -> impl Iterator<Item = &ThreadView> {
+    /// Threads new or renamed in this pass.
+    #[cfg(test)]
+    pub(crate) fn changed_threads(&self) -> impl Iterator<Item = &ThreadView> {
         self.threads.iter().filter(|t| !t.changes.is_empty())
     }
 }

@@ -4,8 +4,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::observe::{
-    Changes, DetailDelta, GoneThread, MlEnv, MlEvidence, ProcessGpu, ProcessView, ThreadDelta, ThreadRole, ThreadState,
-    ThreadView, WaitKind,
+    Changes, DetailDelta, GoneThread, MlEnv, MlEvidence, ProcessGpu, ProcessView, ThreadDelta, ThreadRole, ThreadView,
 };
 
 const MS: u64 = 1_000_000;
@@ -55,8 +54,6 @@ fn thread(tid: i32, tgid: i32, role: ThreadRole, ml: bool, act: Option<Act>) -> 
         ml,
         gpus: Arc::from([0]),
         last_cpu: Some(0),
-        state: ThreadState::Sleeping,
-        wait: WaitKind::Futex,
         delta: act.map(|a| {
             let busy_ns = (a.busy * INTERVAL as f64) as u64;
             ThreadDelta {
@@ -69,8 +66,6 @@ fn thread(tid: i32, tgid: i32, role: ThreadRole, ml: bool, act: Option<Act>) -> 
                     voluntary_switches: a.vol_per_sec / 10,
                     involuntary_switches: a.invol_per_sec / 10,
                     read_bytes: a.read_per_sec / 10,
-                    write_bytes: 0,
-                    blkio_delay_ns: None,
                 }),
             }
         }),

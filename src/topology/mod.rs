@@ -1,13 +1,10 @@
-//! Machine topology: CPUs, NUMA nodes, last-level caches (LLCs) and which node each GPU hangs off.
+//! Machine topology: CPUs, NUMA nodes and which node each GPU hangs off.
 //!
 //! Everything is read once, at start-up, from plain sysfs files below a `sysfs_root` (normally
 //! `/sys`; unit tests point it at a fixture tree in a temp dir):
 //!
 //! ```text
 //! <root>/devices/system/cpu/online              "0-3": the online CPUs
-//! <root>/devices/system/cpu/cpuN/cache/indexK/  level, type, id, shared_cpu_list: the LLC is the
-//!                                               highest-level Unified cache, keyed by its id
-//!                                               (else by the lowest CPU sharing it)
 //! <root>/devices/system/node/nodeN/cpulist      "0-1": the CPUs of node N; no node/ directory
 //!                                               means one node 0 holding every CPU
 //! <root>/bus/pci/devices/DDDD:BB:DD.F/          vendor 0x10de (NVIDIA) or 0x1002 (AMD) and class
@@ -27,8 +24,7 @@
 //! ([`TopologyConfig`]) win over sysfs; they are how firmware that reports `numa_node = -1` is
 //! corrected, and how a VM without any GPU is told "GPU 0 is on node 1".
 //!
-//! LLCs are numbered densely (`0..nr_llcs()`) in order of each LLC's lowest CPU, so they can size
-//! BPF arrays; they are not the kernel's cache ids. Missing or garbled files never panic: a file
+//! Missing or garbled files never panic: a file
 //! that matters for the whole machine (no CPU found) is an error, anything else is skipped with a
 //! `tracing::warn!`.
 
@@ -37,7 +33,7 @@ mod pci;
 #[cfg(test)]
 mod tests;
 
-pub use config::{GpuNodePin, TopologyConfig};
+use crate::config::TopologyConfig;
 pub use pci::{Gpu, GpuVendor, PciAddr};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -48,7 +44,7 @@ use anyhow::{bail, Context, Result};
 use tracing::warn;
 
 /// Where sysfs is mounted on a real machine.
-pub const SYSFS_ROOT: &str = "/sys";
+pub(crate) const SYSFS_ROOT: &str = "/sys";
 
 /// The largest CPU id a cpulist may name (the kernel's NR_CPUS is at most 8192); guards against
 /// garbage like "0-4294967295" allocating gigabytes.
@@ -56,13 +52,11 @@ const MAX_CPUS: usize = 1 << 16;
 
 /// One online CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cpu {
+pub(crate) struct Cpu {
     /// Kernel CPU id.
     pub id: usize,
     /// NUMA node id.
     pub node: usize,
-    /// Dense LLC index, `0..nr_llcs()`.
-    pub llc: usize,
 }
 
 /// The machine's layout; see the module doc.
@@ -72,7 +66,6 @@ pub struct Topology {
     cpus: Vec<Cpu>,
     /// Node id -> its online CPUs (ascending); only nodes with at least one online CPU.
     nodes: BTreeMap<usize, Vec<usize>>,
-    nr_llcs: usize,
     /// GPUs found in PCI sysfs, ascending bus id.
     gpus: Vec<Gpu>,
     /// GPU index -> PCI address, from the GPU provider's device list.
@@ -83,48 +76,31 @@ pub struct Topology {
 }
 
 impl Topology {
-    /// Reads CPUs, nodes, LLCs and GPUs below `sysfs_root` (use [`SYSFS_ROOT`] on a real machine).
+    /// Reads CPUs, nodes and GPUs below `sysfs_root` (use [`SYSFS_ROOT`] on a real machine).
     /// Fails only if no online CPU can be found.
     pub fn read(sysfs_root: &Path) -> Result<Topology> {
         let cpu_dir = sysfs_root.join("devices/system/cpu");
         let online = online_cpus(&cpu_dir)?;
         let node_of = cpu_nodes(&sysfs_root.join("devices/system/node"), &online);
 
-        // LLC key per CPU, then dense numbering in order of first appearance (ascending CPU id).
-        let mut llc_index: BTreeMap<LlcKey, usize> = BTreeMap::new();
-        let mut cpus = Vec::with_capacity(online.len());
-        for &id in &online {
-            let node = node_of[&id];
-            let key = llc_key(&cpu_dir.join(format!("cpu{id}/cache")), id).unwrap_or_else(|| {
-                warn!("topology: cpu{id}: no usable cache info, using node {node} as its LLC");
-                LlcKey::Node(node)
-            });
-            let next = llc_index.len();
-            let llc = *llc_index.entry(key).or_insert(next);
-            cpus.push(Cpu { id, node, llc });
-        }
+        let cpus: Vec<Cpu> = online.iter().map(|&id| Cpu { id, node: node_of[&id] }).collect();
 
         let mut nodes: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for cpu in &cpus {
             nodes.entry(cpu.node).or_default().push(cpu.id);
         }
 
-        Ok(Topology {
-            cpus,
-            nodes,
-            nr_llcs: llc_index.len(),
-            gpus: pci::scan_gpus(&sysfs_root.join("bus/pci/devices")),
-            ..Default::default()
-        })
+        Ok(Topology { cpus, nodes, gpus: pci::scan_gpus(&sysfs_root.join("bus/pci/devices")), ..Default::default() })
     }
 
     /// Number of online CPUs.
-    pub fn nr_cpus(&self) -> usize {
+    pub(crate) fn nr_cpus(&self) -> usize {
         self.cpus.len()
     }
 
     /// Online CPUs, ascending id.
-    pub fn cpus(&self) -> &[Cpu] {
+    #[cfg(test)]
+    pub(crate) fn cpus(&self) -> &[Cpu] {
         &self.cpus
     }
 
@@ -133,39 +109,25 @@ impl Topology {
     }
 
     /// NUMA node of `cpu`, or `None` if it is not an online CPU.
-    pub fn cpu_node(&self, cpu: usize) -> Option<usize> {
+    pub(crate) fn cpu_node(&self, cpu: usize) -> Option<usize> {
         self.cpu(cpu).map(|c| c.node)
-    }
-
-    /// Dense LLC index of `cpu`, or `None` if it is not an online CPU.
-    pub fn cpu_llc(&self, cpu: usize) -> Option<usize> {
-        self.cpu(cpu).map(|c| c.llc)
-    }
-
-    /// Number of distinct LLCs.
-    pub fn nr_llcs(&self) -> usize {
-        self.nr_llcs
-    }
-
-    /// Online CPUs sharing LLC `llc`, ascending (empty if out of range).
-    pub fn llc_cpus(&self, llc: usize) -> Vec<usize> {
-        self.cpus.iter().filter(|c| c.llc == llc).map(|c| c.id).collect()
     }
 
     /// Ids of the nodes that have at least one online CPU, ascending. Memory-only nodes (CXL,
     /// HBM) are left out: the scheduler cannot place a thread on them.
-    pub fn nodes(&self) -> Vec<usize> {
+    pub(crate) fn nodes(&self) -> Vec<usize> {
         self.nodes.keys().copied().collect()
     }
 
     /// One past the highest id in [`Self::nodes`]: the size of an array indexed by node id.
     /// Equals `nodes().len()` when node ids are contiguous (as they almost always are).
-    pub fn nr_nodes(&self) -> usize {
+    pub(crate) fn nr_nodes(&self) -> usize {
         self.nodes.keys().next_back().map_or(1, |&n| n + 1)
     }
 
     /// Online CPUs of `node`, ascending (empty for an unknown or CPU-less node).
-    pub fn node_cpus(&self, node: usize) -> &[usize] {
+    #[cfg(test)]
+    pub(crate) fn node_cpus(&self, node: usize) -> &[usize] {
         self.nodes.get(&node).map(Vec::as_slice).unwrap_or(&[])
     }
 
@@ -177,7 +139,7 @@ impl Topology {
     /// Records the GPU provider's device list, `(index, PCI bus id)` as NVML reports it, e.g.
     /// `(0, "00000000:3B:00.0")`. Replaces any earlier list. Bus ids that do not parse are
     /// skipped with a warning.
-    pub fn set_gpu_devices<S: AsRef<str>>(&mut self, devices: &[(u32, S)]) {
+    pub(crate) fn set_gpu_devices<S: AsRef<str>>(&mut self, devices: &[(u32, S)]) {
         self.gpu_addrs.clear();
         for (index, bus_id) in devices {
             match bus_id.as_ref().parse::<PciAddr>() {
@@ -193,12 +155,13 @@ impl Topology {
     }
 
     /// PCI address of GPU `gpu_index`, from the device list given to [`Self::set_gpu_devices`].
-    pub fn gpu_addr(&self, gpu_index: u32) -> Option<PciAddr> {
+    #[cfg(test)]
+    pub(crate) fn gpu_addr(&self, gpu_index: u32) -> Option<PciAddr> {
         self.gpu_addrs.get(&gpu_index).copied()
     }
 
     /// Checks `cfg` against this machine and installs its GPU -> node pins (replacing earlier ones).
-    pub fn apply_config(&mut self, cfg: &TopologyConfig) -> Result<(), String> {
+    pub(crate) fn apply_config(&mut self, cfg: &TopologyConfig) -> Result<(), String> {
         cfg.validate(self)?;
         let (by_index, by_addr) = cfg.pins()?;
         for addr in by_addr.keys() {
@@ -214,7 +177,7 @@ impl Topology {
     /// NUMA node of GPU `gpu_index`: a config pin by index, else a config pin by its bus id,
     /// else the `numa_node` sysfs reports for its bus id. `None` if none of those knows, or if
     /// sysfs names a node with no online CPU.
-    pub fn gpu_node(&self, gpu_index: u32) -> Option<usize> {
+    pub(crate) fn gpu_node(&self, gpu_index: u32) -> Option<usize> {
         if let Some(&node) = self.pins_by_index.get(&gpu_index) {
             return Some(node);
         }
@@ -230,49 +193,8 @@ impl Topology {
     /// the slice whose node is known (GPUs with unknown nodes are skipped). A process spread over
     /// GPUs on several nodes thus follows the GPU it lists first, e.g. its `cuda:0`. `None` if no
     /// listed GPU has a known node.
-    pub fn preferred_node_for_gpus(&self, gpu_indices: &[u32]) -> Option<usize> {
+    pub(crate) fn preferred_node_for_gpus(&self, gpu_indices: &[u32]) -> Option<usize> {
         gpu_indices.iter().find_map(|&g| self.gpu_node(g))
-    }
-}
-
-/// What identifies a CPU's LLC, before dense numbering. The level is part of the key so that
-/// ids of different cache levels never collide.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum LlcKey {
-    /// The cache's `id` file.
-    Id { level: u32, id: u64 },
-    /// No `id` file: the lowest CPU in `shared_cpu_list`.
-    FirstCpu { level: u32, cpu: usize },
-    /// No cache info at all: one LLC per node.
-    Node(usize),
-}
-
-/// The key of the highest-level unified cache below `cache_dir` (`.../cpuN/cache`), or of the
-/// highest-level cache of any type if none is unified.
-fn llc_key(cache_dir: &Path, cpu: usize) -> Option<LlcKey> {
-    // (unified?, level, dir): max picks unified caches first, then the highest level.
-    let best = fs::read_dir(cache_dir)
-        .ok()?
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("index"))
-        .filter_map(|e| {
-            let dir = e.path();
-            let level = read_trimmed(&dir.join("level"))?.parse::<u32>().ok()?;
-            let unified = read_trimmed(&dir.join("type")).is_some_and(|t| t == "Unified");
-            Some((unified, level, dir))
-        })
-        .max_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)))?;
-    let (_, level, dir) = best;
-    if let Some(id) = read_trimmed(&dir.join("id")).and_then(|s| s.parse::<u64>().ok()) {
-        return Some(LlcKey::Id { level, id });
-    }
-    match read_trimmed(&dir.join("shared_cpu_list")).map(|s| parse_cpulist(&s)) {
-        Some(Ok(list)) if !list.is_empty() => Some(LlcKey::FirstCpu { level, cpu: list[0] }),
-        Some(Err(e)) => {
-            warn!("topology: cpu{cpu}: {}/shared_cpu_list: {e}", dir.display());
-            None
-        }
-        _ => None,
     }
 }
 
@@ -358,7 +280,7 @@ fn cpu_nodes(node_dir: &Path, online: &[usize]) -> BTreeMap<usize, usize> {
 
 /// Parses a kernel cpulist such as "0-3,8,10-11" (ascending, deduplicated). Empty input is an
 /// empty list (a CPU-less node's cpulist is just "\n").
-pub fn parse_cpulist(s: &str) -> Result<Vec<usize>, String> {
+pub(crate) fn parse_cpulist(s: &str) -> Result<Vec<usize>, String> {
     let mut cpus = BTreeSet::new();
     for part in s.trim_matches(|c: char| c == '\0' || c.is_whitespace()).split(',') {
         let part = part.trim();

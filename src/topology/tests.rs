@@ -1,47 +1,29 @@
 //! Tests against sysfs fixture trees built in a temp dir.
 
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 
 use super::*;
+use crate::config::GpuNodePin;
+use crate::tempdir::TempDir;
 
 /// A throw-away sysfs root; removed on drop.
-struct Fixture(PathBuf);
+struct Fixture(TempDir);
 
 impl Fixture {
     fn new() -> Fixture {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "zernel-topo-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        Fixture(dir)
+        Fixture(TempDir::new("topo"))
     }
 
     fn root(&self) -> &Path {
-        &self.0
+        self.0.path()
     }
 
     fn write(&self, rel: &str, content: &str) -> &Self {
-        let path = self.0.join(rel);
+        let path = self.0.path().join(rel);
         fs::create_dir_all(path.parent().unwrap()).unwrap();
         fs::write(path, content).unwrap();
         self
-    }
-
-    /// One cache level for `cpu`: `indexK/{level,type,id?,shared_cpu_list}`.
-    fn cache(&self, cpu: usize, index: u32, level: u32, ty: &str, id: Option<u32>, shared: &str) {
-        let d = format!("devices/system/cpu/cpu{cpu}/cache/index{index}");
-        self.write(&format!("{d}/level"), &format!("{level}\n"));
-        self.write(&format!("{d}/type"), &format!("{ty}\n"));
-        self.write(&format!("{d}/shared_cpu_list"), &format!("{shared}\n"));
-        if let Some(id) = id {
-            self.write(&format!("{d}/id"), &format!("{id}\n"));
-        }
     }
 
     fn pci(&self, bus_id: &str, vendor: &str, class: &str, numa_node: &str) -> &Self {
@@ -52,28 +34,13 @@ impl Fixture {
     }
 }
 
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-/// cpus 0-1 on node 0 sharing L3 id 7, cpus 2-3 on node 1 sharing L3 id 3; each CPU also has
-/// private L1d/L1i/L2 caches whose ids must not be mistaken for the LLC.
+/// cpus 0-1 on node 0, cpus 2-3 on node 1.
 fn two_node_machine() -> Fixture {
     let fx = Fixture::new();
     fx.write("devices/system/cpu/online", "0-3\n");
     fx.write("devices/system/node/node0/cpulist", "0-1\n");
     fx.write("devices/system/node/node1/cpulist", "2-3\n");
     fx.write("devices/system/node/online", "0-1\n"); // not a nodeN dir: ignored
-    for cpu in 0..4 {
-        let cpu_s = cpu.to_string();
-        fx.cache(cpu, 0, 1, "Data", Some(cpu as u32), &cpu_s);
-        fx.cache(cpu, 1, 1, "Instruction", Some(cpu as u32), &cpu_s);
-        fx.cache(cpu, 2, 2, "Unified", Some(cpu as u32), &cpu_s);
-        let (l3, shared) = if cpu < 2 { (7, "0-1") } else { (3, "2-3") };
-        fx.cache(cpu, 3, 3, "Unified", Some(l3), shared);
-    }
     fx
 }
 
@@ -101,7 +68,7 @@ fn pins(toml_text: &str) -> TopologyConfig {
 }
 
 #[test]
-fn two_nodes_two_llcs() {
+fn two_nodes() {
     let fx = two_node_machine();
     let t = Topology::read(fx.root()).unwrap();
     assert_eq!(t.nr_cpus(), 4);
@@ -111,44 +78,19 @@ fn two_nodes_two_llcs() {
     assert_eq!(t.node_cpus(1), &[2, 3]);
     assert_eq!(t.node_cpus(2), &[] as &[usize]);
     assert_eq!((0..4).map(|c| t.cpu_node(c).unwrap()).collect::<Vec<_>>(), vec![0, 0, 1, 1]);
-    // L3 ids 7 and 3 become dense 0 and 1, in order of their lowest CPU.
-    assert_eq!(t.nr_llcs(), 2);
-    assert_eq!((0..4).map(|c| t.cpu_llc(c).unwrap()).collect::<Vec<_>>(), vec![0, 0, 1, 1]);
-    assert_eq!(t.llc_cpus(1), vec![2, 3]);
     assert_eq!(t.cpu_node(4), None);
-    assert_eq!(t.cpu_llc(4), None);
     assert!(t.gpus().is_empty());
-}
-
-#[test]
-fn llc_from_shared_cpu_list_when_no_id() {
-    let fx = Fixture::new();
-    fx.write("devices/system/cpu/online", "0-5\n");
-    for cpu in 0..6 {
-        // Two LLCs interleaved: even CPUs share one, odd CPUs the other.
-        let shared = if cpu % 2 == 0 { "0,2,4" } else { "1,3,5" };
-        fx.cache(cpu, 0, 1, "Data", None, &cpu.to_string());
-        fx.cache(cpu, 3, 3, "Unified", None, shared);
-    }
-    let t = Topology::read(fx.root()).unwrap();
-    assert_eq!(t.nr_llcs(), 2);
-    assert_eq!(t.llc_cpus(0), vec![0, 2, 4]);
-    assert_eq!(t.llc_cpus(1), vec![1, 3, 5]);
 }
 
 #[test]
 fn no_numa_dir_is_one_node() {
     let fx = Fixture::new();
     fx.write("devices/system/cpu/online", "0-2\n");
-    for cpu in 0..3 {
-        fx.cache(cpu, 2, 2, "Unified", Some(0), "0-2");
-    }
     let t = Topology::read(fx.root()).unwrap();
     assert_eq!(t.nodes(), vec![0]);
     assert_eq!(t.nr_nodes(), 1);
     assert_eq!(t.node_cpus(0), &[0, 1, 2]);
     assert_eq!(t.cpu_node(2), Some(0));
-    assert_eq!(t.nr_llcs(), 1);
 }
 
 #[test]
@@ -192,8 +134,6 @@ fn garbage_and_missing_files_do_not_panic() {
     // node0's cpulist is garbage: cpu0 falls back to the lowest node, cpu2 is on node 1.
     assert_eq!(t.cpu_node(0), Some(0));
     assert_eq!(t.cpu_node(2), Some(1));
-    // No cache info: one LLC per node.
-    assert_eq!(t.nr_llcs(), 2);
     assert_eq!(t.gpus().len(), 1);
     assert_eq!(t.gpus()[0].numa_node, None);
 }
@@ -346,10 +286,8 @@ fn reads_this_machine() {
     }
     let t = Topology::read(Path::new(SYSFS_ROOT)).unwrap();
     assert!(t.nr_cpus() >= 1);
-    assert!(t.nr_llcs() >= 1);
     for cpu in t.cpus() {
         assert!(t.node_cpus(cpu.node).contains(&cpu.id));
-        assert!(cpu.llc < t.nr_llcs());
     }
     assert_eq!(t.nodes().iter().map(|&n| t.node_cpus(n).len()).sum::<usize>(), t.nr_cpus());
 }

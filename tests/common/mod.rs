@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 /// Kills and reaps a child on drop, so a failing assertion leaves nothing behind.
@@ -17,23 +17,8 @@ impl Drop for Reaped {
     }
 }
 
-/// A fresh directory under the system temp dir, removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        let d = std::env::temp_dir().join(format!("zernel-test-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        TempDir(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod tempdir;
+pub use tempdir::TempDir;
 
 /// `zernel-workload train` with two DataLoader workers, writing its fake GPU
 /// to `gpu_file` and its data under `dir`.

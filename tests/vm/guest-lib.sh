@@ -241,6 +241,24 @@ zernel_sampled() {
   assert_eq "${cfg##*/}: exit 0" "$ZRC" 0
 }
 
+# The keys cases (ml_keys, phase_keys): one daemon run per config, each
+# sampled into its own file under $W.
+# keys_run NAME SECS HEADER STOP [LINE...] : $W/NAME.toml is HEADER then one
+# LINE a line (printed); scx_zernel runs with it, its entries sampled into
+# $W/NAME (zernel_sampled) while `STOP NAME SECS` runs (at most SECS s).
+keys_run() {
+  local name=$1 secs=$2 header=$3 stop=$4
+  shift 4
+  {
+    printf '%s\n' "$header"
+    for line in "$@"; do echo "$line"; done
+  } >"$W/$name.toml"
+  echo "--- run $name"; cat "$W/$name.toml"
+  zernel_sampled "$W/$name.toml" "$secs" "$W/$name" "$stop" "$name" "$secs"
+}
+run_held() { grep -q "^$2 $3 " "$W/$1"; }     # run_held RUN COMM CLASS: a keys_run's samples
+run_none() { ! grep -q "^$2 " "$W/$1"; }      # run_none RUN COMM
+
 # tids_by_comm NAME : TIDs (one a line) of every thread whose comm is NAME.
 # No command substitution or external command per thread: under TCG with every
 # CPU busy, a fork per thread would make one call take seconds.

@@ -72,12 +72,12 @@ sleep 1
 # (at least 3 s), so that an entry the run must not have had the same
 # chance to appear; at most SECS s.
 WANT=""
-until_seen() {   # until_seen OUT SECS
+until_seen() {   # until_seen NAME SECS: sampling into $W/NAME
   _t0=$(cut -d. -f1 /proc/uptime)
   while [ $(( $(cut -d. -f1 /proc/uptime) - _t0 )) -lt "$2" ]; do
     _all=1
     for _p in $WANT; do
-      grep -q "^${_p%:*} ${_p#*:} " "$1" || { _all=0; break; }
+      grep -q "^${_p%:*} ${_p#*:} " "$W/$1" || { _all=0; break; }
     done
     [ "$_all" = 1 ] && break
     alive "$ZPID" || break
@@ -85,7 +85,7 @@ until_seen() {   # until_seen OUT SECS
   done
   _took=$(( $(cut -d. -f1 /proc/uptime) - _t0 ))
   sleep $(( _took > 3 ? _took : 3 ))
-  : >"$1.done"
+  : >"$W/$1.done"
 }
 # run NAME SECS ML_UNKNOWN [TOML LINES...] : see above; ML_UNKNOWN is
 # policy.ml_unknown: "ml" where a key decides whether a process is ML (an
@@ -94,58 +94,52 @@ until_seen() {   # until_seen OUT SECS
 run() {
   name=$1 secs=$2 mlu=$3
   shift 3
-  {
-    printf '[policy]\nml_unknown = "%s"\n\n[gpu]\nprovider = "file"\nfile = "%s"\n' "$mlu" "$W/gpu.json"
-    for line in "$@"; do echo "$line"; done
-  } >"$W/$name.toml"
-  echo "--- run $name"; cat "$W/$name.toml"
-  zernel_sampled "$W/$name.toml" "$secs" "$W/$name" until_seen "$W/$name" "$secs"
+  keys_run "$name" "$secs" "$(printf '[policy]\nml_unknown = "%s"\n\n[gpu]\nprovider = "file"\nfile = "%s"' "$mlu" "$W/gpu.json")" \
+    until_seen "$@"
 }
-held() { grep -q "^$2 $3 " "$W/$1"; }         # held RUN COMM CLASS
-none() { ! grep -q "^$2 " "$W/$1"; }          # none RUN COMM
 
 # Which processes are ML: the evidence keys, judged by ML-ness alone.
 WANT="zt_rank:ml zt_env:ml zt_lib:ml zt_coll:ml zt_child:ml"
 run 1 90 ml '[observe]' 'ml_env_vars = ["RANK", "ZT_JOB"]' 'ml_libraries = ["libzt_ml"]' \
   'collective_libraries = ["libzt_coll"]' || finish
-check "1: zt_rank (RANK) is ML: class ml" held 1 zt_rank ml
-check "1: ml_env_vars has ZT_JOB: zt_env is ML, class ml" held 1 zt_env ml
-check "1: ml_libraries has libzt_ml: zt_lib is ML, class ml" held 1 zt_lib ml
-check "1: collective_libraries has libzt_coll: zt_coll is ML, class ml" held 1 zt_coll ml
-check "1: ml_inherit_depth = 4: zt_child (no environment, ML parent) is ML, class ml" held 1 zt_child ml
+check "1: zt_rank (RANK) is ML: class ml" run_held 1 zt_rank ml
+check "1: ml_env_vars has ZT_JOB: zt_env is ML, class ml" run_held 1 zt_env ml
+check "1: ml_libraries has libzt_ml: zt_lib is ML, class ml" run_held 1 zt_lib ml
+check "1: collective_libraries has libzt_coll: zt_coll is ML, class ml" run_held 1 zt_coll ml
+check "1: ml_inherit_depth = 4: zt_child (no environment, ML parent) is ML, class ml" run_held 1 zt_child ml
 
 WANT="zt_rank:ml"
 run 2 90 ml '[observe]' 'ml_inherit_depth = 0' || finish
-check "2: zt_rank is still ML: class ml" held 2 zt_rank ml
-check "2: default ml_env_vars: zt_env has no entry" none 2 zt_env
-check "2: default ml_libraries: zt_lib has no entry" none 2 zt_lib
-check "2: default collective_libraries: zt_coll has no entry" none 2 zt_coll
-check "2: ml_inherit_depth = 0: zt_child has no entry" none 2 zt_child
+check "2: zt_rank is still ML: class ml" run_held 2 zt_rank ml
+check "2: default ml_env_vars: zt_env has no entry" run_none 2 zt_env
+check "2: default ml_libraries: zt_lib has no entry" run_none 2 zt_lib
+check "2: default collective_libraries: zt_coll has no entry" run_none 2 zt_coll
+check "2: ml_inherit_depth = 0: zt_child has no entry" run_none 2 zt_child
 
 # The loader and optimizer thresholds, judged by the phases they allow.
 WANT="pt_data_worker:ml"
 run 3 90 none '[phase]' 'loader_min_busy_frac = 0.2' 'loader_min_read_bytes_per_sec = 1099511627776' \
   'optimizer_max_voluntary_per_sec = 1.0' || finish
-check "3: loader_min_busy_frac = 0.2: pt_data_worker (0.3) is DataLoading, class ml" held 3 pt_data_worker ml
-check "3: optimizer_max_voluntary_per_sec = 1: zt_duty (~200 voluntary switches/s) has no entry" none 3 zt_duty
+check "3: loader_min_busy_frac = 0.2: pt_data_worker (0.3) is DataLoading, class ml" run_held 3 pt_data_worker ml
+check "3: optimizer_max_voluntary_per_sec = 1: zt_duty (~200 voluntary switches/s) has no entry" run_none 3 zt_duty
 
 WANT="zt_duty:ml"
 run 4 90 none '[phase]' 'loader_min_busy_frac = 0.9' 'loader_min_read_bytes_per_sec = 1099511627776' \
   'optimizer_max_voluntary_per_sec = 1000.0' || finish
-check "4: loader_min_busy_frac = 0.9: pt_data_worker (0.3) has no entry" none 4 pt_data_worker
-check "4: optimizer_max_voluntary_per_sec = 1000: zt_duty is OptimizerStep, class ml" held 4 zt_duty ml
+check "4: loader_min_busy_frac = 0.9: pt_data_worker (0.3) has no entry" run_none 4 pt_data_worker
+check "4: optimizer_max_voluntary_per_sec = 1000: zt_duty is OptimizerStep, class ml" run_held 4 zt_duty ml
 
 WANT="pt_data_worker:ml"
 run 5 90 none '[phase]' 'loader_min_busy_frac = 0.9' 'optimizer_max_voluntary_per_sec = 1000.0' \
   'optimizer_min_busy_frac = 0.999' || finish
 check "5: loader_min_read_bytes_per_sec = 1 MiB/s: pt_data_worker is DataLoading by its reads, class ml" \
-  held 5 pt_data_worker ml
-check "5: optimizer_min_busy_frac = 0.999: zt_duty (0.7) has no entry" none 5 zt_duty
+  run_held 5 pt_data_worker ml
+check "5: optimizer_min_busy_frac = 0.999: zt_duty (0.7) has no entry" run_none 5 zt_duty
 
 WANT="zt_rank:ml"
 run 6 90 none '[observe]' 'active_busy_frac = 0.8' '[phase]' 'loader_min_busy_frac = 0.9' || finish
-check "6: active_busy_frac = 0.8: pt_data_worker (0.3, reads unknown) has no entry" none 6 pt_data_worker
-check "6: zt_rank (1.0) is still sampled in detail: class ml" held 6 zt_rank ml
+check "6: active_busy_frac = 0.8: pt_data_worker (0.3, reads unknown) has no entry" run_none 6 pt_data_worker
+check "6: zt_rank (1.0) is still sampled in detail: class ml" run_held 6 zt_rank ml
 
 WANT=""
 run 7 6 ml '[observe]' "proc_root = \"$W/emptyproc\"" || finish

@@ -39,13 +39,13 @@ zernel-workload reader --name zt_read --secs 400 --open /dev/zt_gpu0 >"$W/reader
 reader=$!
 wait_until 10 sh -c "[ \$(ls /proc/$train/task 2>/dev/null | wc -l) -ge 4 ]"
 
-# first_entry OUT SECS : seconds until the reader has an entry, into OUT
-# ("none" if not within SECS s).
+# first_entry NAME SECS : seconds until the reader has an entry, into
+# $W/NAME.first ("none" if not within SECS s).
 first_entry() {
   t0=$(uptime_s)
-  echo none >"$1"
+  echo none >"$W/$1.first"
   wait_until "$2" sh -c "[ -n \"\$(scx_zernel inspect --tid $reader 2>/dev/null)\" ]" &&
-    awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { printf "%.1f\n", b - a }' >"$1"
+    awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { printf "%.1f\n", b - a }' >"$W/$1.first"
 }
 # run NAME SECS [PHASE KEYS...] : the daemon with those [phase] keys; the
 # kernel's entries sampled for SECS s into $W/NAME (zsample lines);
@@ -53,44 +53,38 @@ first_entry() {
 run() {
   name=$1 secs=$2
   shift 2
-  {
-    # No class for ML threads in no phase: every entry here is a phase's.
-    printf '[policy]\nml_unknown = "none"\n\n[gpu]\nprovider = "file"\nfile = "%s"\n\n[observe]\nml_device_prefixes = ["/dev/zt_gpu"]\n\n[phase]\n' "$W/gpu.json"
-    for kv in "$@"; do echo "$kv"; done
-  } >"$W/$name.toml"
-  echo "--- run $name: $*"
-  zernel_sampled "$W/$name.toml" "$secs" "$W/$name" first_entry "$W/$name.first" "$secs"
+  # No class for ML threads in no phase: every entry here is a phase's.
+  keys_run "$name" "$secs" "$(printf '[policy]\nml_unknown = "none"\n\n[gpu]\nprovider = "file"\nfile = "%s"\n\n[observe]\nml_device_prefixes = ["/dev/zt_gpu"]\n\n[phase]' "$W/gpu.json")" \
+    first_entry "$@"
 }
-held() { grep -q "^$2 $3 " "$W/$1"; }         # held RUN COMM CLASS
-none() { ! grep -q "^$2 " "$W/$1"; }          # none RUN COMM
 
 run A 15 "gpu_idle_util_pct = 25" || finish
-check "A: GpuCompute on the trainer (60 % >= 30): kernel class latency" held A pt_main_thread latency
-check "A: OptimizerStep on the trainer (20 % <= 25): kernel class ml" held A pt_main_thread ml
-check "A: NcclCollective: kernel class latency" held A NCCL_Progress_0 latency
-check "A: DataLoading on the worker: kernel class ml" held A pt_data_worker ml
-check "A: DataLoading in-process on the reader: kernel class ml" held A zt_read ml
+check "A: GpuCompute on the trainer (60 % >= 30): kernel class latency" run_held A pt_main_thread latency
+check "A: OptimizerStep on the trainer (20 % <= 25): kernel class ml" run_held A pt_main_thread ml
+check "A: NcclCollective: kernel class latency" run_held A NCCL_Progress_0 latency
+check "A: DataLoading on the worker: kernel class ml" run_held A pt_data_worker ml
+check "A: DataLoading in-process on the reader: kernel class ml" run_held A zt_read ml
 
 run B 15 "gpu_busy_util_pct = 70" "nccl_min_switches_per_sec = 10000000.0" \
   "inproc_load_min_read_bytes_per_sec = 1099511627776" || finish
-check "B: gpu_busy_util_pct = 70, gpu_idle_util_pct = 10: no entry for the trainer" none B pt_main_thread
-check "B: nccl_min_switches_per_sec = 1e7: no entry for NCCL Progress 0" none B NCCL_Progress_0
-check "B: inproc_load_min_read_bytes_per_sec = 1 TiB/s: no entry for the reader" none B zt_read
-check "B: the worker is still DataLoading (class ml)" held B pt_data_worker ml
+check "B: gpu_busy_util_pct = 70, gpu_idle_util_pct = 10: no entry for the trainer" run_none B pt_main_thread
+check "B: nccl_min_switches_per_sec = 1e7: no entry for NCCL Progress 0" run_none B NCCL_Progress_0
+check "B: inproc_load_min_read_bytes_per_sec = 1 TiB/s: no entry for the reader" run_none B zt_read
+check "B: the worker is still DataLoading (class ml)" run_held B pt_data_worker ml
 
 run C 15 "gpu_idle_util_pct = 25" "nccl_min_busy_frac = 1.0" || finish
-check "C: nccl_min_busy_frac = 1.0: no entry for NCCL Progress 0" none C NCCL_Progress_0
-check "C: the trainer still gets GpuCompute (latency)" held C pt_main_thread latency
-check "C: the trainer still gets OptimizerStep (ml)" held C pt_main_thread ml
+check "C: nccl_min_busy_frac = 1.0: no entry for NCCL Progress 0" run_none C NCCL_Progress_0
+check "C: the trainer still gets GpuCompute (latency)" run_held C pt_main_thread latency
+check "C: the trainer still gets OptimizerStep (ml)" run_held C pt_main_thread ml
 
 # The rule is the run's positive control: the daemon writes entries and the
 # sampler sees them, only no phase is adopted.
 run D 10 "phase_stability_count = 1000" "[[rules]]" 'comm = "^zt_read$"' 'class = "batch"' || finish
-check "D: control: the rule's entry for the reader (class batch)" held D zt_read batch
-check "D: phase_stability_count = 1000: no entry for the trainer" none D pt_main_thread
-check "D: phase_stability_count = 1000: no entry for NCCL Progress 0" none D NCCL_Progress_0
-check "D: phase_stability_count = 1000: no entry for the worker" none D pt_multiprocess
-check "D: the reader holds only the rule's class (no DataLoading phase)" none D "zt_read ml"
+check "D: control: the rule's entry for the reader (class batch)" run_held D zt_read batch
+check "D: phase_stability_count = 1000: no entry for the trainer" run_none D pt_main_thread
+check "D: phase_stability_count = 1000: no entry for NCCL Progress 0" run_none D NCCL_Progress_0
+check "D: phase_stability_count = 1000: no entry for the worker" run_none D pt_multiprocess
+check "D: the reader holds only the rule's class (no DataLoading phase)" run_none D "zt_read ml"
 
 run E 30 "phase_eval_interval_ms = 5000" || finish
 echo "reader's first entry after attach: $(cat "$W/A.first") s with phase_eval_interval_ms = 100, $(cat "$W/E.first") s with 5000"

@@ -30,7 +30,7 @@ pub struct ObserveConfig {
     pub max_cached_fds: u32,
     /// A thread of an ML process is "active" in a pass when it was runnable
     /// (on CPU or queued) at least this fraction of the interval; only active
-    /// threads get the detailed reads (stat, status, io, syscall).
+    /// threads get the detailed reads (stat, status, io).
     pub active_busy_frac: f64,
     /// A pool thread of an ML process (role "other": OpenMP, runtime
     /// helpers...) that has been inactive for a second is held back (0:

@@ -46,7 +46,7 @@ use tracing::{info, warn};
 use crate::stats::Metrics;
 
 /// Fields of [`Metrics`] that are levels, not cumulative counts.
-pub const GAUGES: &[&str] = &[
+pub(crate) const GAUGES: &[&str] = &[
     "threads",
     "ml_threads",
     "phase_data_loading",
@@ -59,7 +59,7 @@ pub const GAUGES: &[&str] = &[
 ];
 
 /// Prefix of every metric name.
-pub const PREFIX: &str = "zernel_";
+pub(crate) const PREFIX: &str = "zernel_";
 
 /// The longest a connection may take, from accept to the last byte written.
 pub const IO_DEADLINE: Duration = Duration::from_secs(2);
@@ -80,7 +80,7 @@ pub enum Format {
 }
 
 impl Format {
-    pub fn content_type(self) -> &'static str {
+    pub(crate) fn content_type(self) -> &'static str {
         match self {
             Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
             Format::Prometheus => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
@@ -88,7 +88,7 @@ impl Format {
     }
 
     /// The format an Accept header asks for (see the module doc).
-    pub fn negotiate(accept: Option<&str>) -> Format {
+    pub(crate) fn negotiate(accept: Option<&str>) -> Format {
         let mut best = (Format::OpenMetrics, -1.0_f64);
         for range in accept.unwrap_or("").split(',') {
             let mut params = range.split(';').map(str::trim);
