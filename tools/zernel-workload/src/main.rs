@@ -317,8 +317,26 @@ fn command() -> clap::Command {
     cmd
 }
 
+/// Whether the command line asks for the rank environment: `train` without
+/// --no-env, `threads --ml`. Read from the raw arguments, so that the
+/// re-execution comes before clap runs: an observer that looks at this
+/// process before it (the same program with the same arguments, which is no
+/// exec to it) keeps the environment it read then, without the rank.
+fn wants_rank_env(args: &[std::ffi::OsString]) -> bool {
+    let has = |flag: &str| args.iter().skip(2).any(|a| a == flag);
+    match args.get(1).and_then(|a| a.to_str()) {
+        Some("train") => !has("--no-env"),
+        Some("threads") => has("--ml"),
+        _ => false,
+    }
+}
+
 fn main() {
-    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if wants_rank_env(&args) {
+        ensure_rank_env();
+    }
+    let cli = Cli::from_arg_matches(&command().get_matches_from(args)).unwrap_or_else(|e| e.exit());
     match &cli.cmd {
         Cmd::Train(a) => train(a),
         Cmd::Calibrate(a) => calibrate(a),
@@ -732,10 +750,8 @@ fn churn(a: &ChurnArgs) {
 
 // -------------------------------------------------------------- threads ----
 
+/// `threads`; with --ml, main has re-executed it with the rank environment.
 fn threads(a: &ThreadsArgs) {
-    if a.ml {
-        ensure_rank_env();
-    }
     let count = a.count;
     let secs = a.secs;
     let wake = Duration::from_millis(a.wake_ms.max(1));
@@ -1035,10 +1051,9 @@ fn read_batch(fd: libc::c_int) -> bool {
     true
 }
 
+/// `train`; unless --no-env, main has re-executed it with the rank
+/// environment.
 fn train(a: &TrainArgs) {
-    if !a.no_env {
-        ensure_rank_env();
-    }
     let gpu_file = a.gpu_file.clone();
     let secs = a.secs;
     // --steps N: sized work (see README.md).
@@ -1244,6 +1259,20 @@ mod tests {
                 panic!("{line}: {e}");
             }
         }
+    }
+
+    #[test]
+    fn the_rank_environment_is_for_train_without_no_env_and_threads_with_ml() {
+        let wants = |line: &str| {
+            let args: Vec<std::ffi::OsString> = line.split_whitespace().map(Into::into).collect();
+            wants_rank_env(&args)
+        };
+        assert!(wants("zw train --gpu-file g --secs 1"));
+        assert!(!wants("zw train --gpu-file g --no-env"));
+        assert!(wants("zw threads --count 3 --ml"));
+        assert!(!wants("zw threads --count 3"));
+        assert!(!wants("zw hog --name train --ml"));
+        assert!(!wants("zw"));
     }
 
     #[test]
