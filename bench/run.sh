@@ -34,7 +34,8 @@
 #                  600 + 1200 s per rep)
 #
 # Steps:
-#   1. `cargo build --release --bins` (scx_zernel, zernel-workload). With
+#   1. `cargo build --release --workspace --bins` (scx_zernel,
+#      zernel-workload). With
 #      --baseline, scx_zernel at REV too: a detached `git worktree add` of
 #      REV in $BENCH_CACHE/base/src-HASH, built with `cargo build --release
 #      --bin scx_zernel` (BPF_CLANG=clang-19, CARGO_TARGET_DIR
@@ -141,8 +142,8 @@ if ! command -v cargo >/dev/null && [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo"
 fi
 
 # ---- 1. scx_zernel --------------------------------------------------------------------
-log "cargo build --release --bins"
-cargo build --release --bins || die "cargo build failed"
+log "cargo build --release --workspace --bins"
+cargo build --release --workspace --bins || die "cargo build failed"
 
 # build_base REV : make $CACHE/base/bin/scx_zernel-HASH exist for REV's commit
 # HASH and print its path; dies if it cannot.

@@ -11,11 +11,14 @@
 #   -v            stream every case's guest output (and the kernel console)
 #
 # Stages:
-#   unit  `cargo test --release`: unit and host tests. Release, so the VM stage
-#         reuses the same build. Then tests/packaging.sh, tests/setup.sh
+#   unit  `cargo build --release --workspace --bins` (the host tests run
+#         zernel-workload, a crate of the workspace), then
+#         `cargo test --release --workspace`: unit and host tests. Release, so
+#         the VM stage reuses the same build. Then tests/packaging.sh, tests/setup.sh
 #         (scripts/setup-deps.sh with stand-ins for apt and no qemu) and
 #         tests/shellcheck.sh (shellcheck on every shell script).
-#   vm    `cargo build --release --bins`, then every tests/vm/cases/*.sh in a VM
+#   vm    `cargo build --release --workspace --bins` (scx_zernel and
+#         zernel-workload), then every tests/vm/cases/*.sh in a VM
 #         of its own (tests/vm/vmrun.sh). A case states its VM in a header line,
 #         e.g. `# vm: --smp 4 --numa` or `# vm: --smp 2 --mem 1G --timeout 300`.
 #         The guest gets scx_zernel and zernel-workload in /usr/local/bin,
@@ -96,10 +99,12 @@ result() {
 
 # ---- unit stage ---------------------------------------------------------------------
 if (( UNIT )); then
-  echo "=== unit: cargo test --release"
+  echo "=== unit: cargo test --release --workspace"
   t0=$SECONDS
   # The host tests against real PyTorch (tests/observe_pytorch.rs) must run here.
-  if ZERNEL_PYTHON=$VENV/bin/python ZERNEL_REQUIRE_TORCH=1 cargo test --release; then result PASS unit $((SECONDS - t0))
+  if cargo build --release --workspace --bins \
+     && ZERNEL_PYTHON=$VENV/bin/python ZERNEL_REQUIRE_TORCH=1 cargo test --release --workspace; then
+    result PASS unit $((SECONDS - t0))
   else result FAIL unit $((SECONDS - t0)); fi
   echo "=== unit: tests/packaging.sh (systemd unit, scx_loader snippet, DaemonSet)"
   t1=$SECONDS
@@ -151,10 +156,10 @@ run_case() {
 }
 
 if (( VM )) && [ ${#CASES[@]} -gt 0 ]; then
-  echo "=== vm: cargo build --release --bins"
+  echo "=== vm: cargo build --release --workspace --bins"
   t_vm=$SECONDS
   mkdir -p "$LOGDIR"
-  if ! cargo build --release --bins; then
+  if ! cargo build --release --workspace --bins; then
     result FAIL build $((SECONDS - t_vm))
   else
     BUILD_TIME=$((SECONDS - t_vm))

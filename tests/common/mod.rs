@@ -1,10 +1,11 @@
-//! Helpers shared by the host integration tests: child processes that are
-//! always reaped, temporary directories that are always removed, and the two
-//! workloads the live tests run side by side.
+//! Helpers shared by the host integration tests (and bench/observe.rs):
+//! child processes that are always reaped, temporary directories that are
+//! always removed, the zernel-workload binary, and the two workloads the
+//! live tests run side by side.
 
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 /// Kills and reaps a child on drop, so a failing assertion leaves nothing behind.
@@ -20,11 +21,28 @@ impl Drop for Reaped {
 mod tempdir;
 pub use tempdir::TempDir;
 
+/// The zernel-workload binary. It is a crate of its own in the workspace
+/// (tools/zernel-workload), so cargo does not build it for this package's
+/// tests: `cargo build --workspace` (with the tests' profile) puts it in the
+/// tests' target directory, one level above their executables (deps/).
+pub fn workload_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own executable");
+    let dir = exe.parent().and_then(Path::parent).expect("the test's executable is in <target>/<profile>/deps");
+    let bin = dir.join("zernel-workload");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it with `cargo build --workspace` (add --release for `cargo test --release` \
+         and `cargo bench`) before running these tests",
+        bin.display()
+    );
+    bin
+}
+
 /// `zernel-workload train` with two DataLoader workers, writing its fake GPU
 /// to `gpu_file` and its data under `dir`.
 pub fn spawn_train(gpu_file: &Path, dir: &Path, secs: u32) -> Reaped {
     Reaped(
-        Command::new(env!("CARGO_BIN_EXE_zernel-workload"))
+        Command::new(workload_bin())
             .args(["train", "--secs", &secs.to_string(), "--workers", "2", "--gpu-file"])
             .arg(gpu_file)
             .arg("--data-dir")

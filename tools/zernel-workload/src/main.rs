@@ -1,126 +1,6 @@
-//! `zernel-workload`: processes that behave like an ML training job (or
-//! like the background noise around one), for scx_zernel's tests and
-//! benchmarks. std + libc only, but for `entry` (libbpf-rs and the shared
-//! struct of intf.h) and `bpf-run` (libbpf-rs).
-//!
-//! ```text
-//! zernel-workload train --gpu-file PATH --secs S [--workers N] [--data-dir DIR]
-//!                 [--compute-ms 500] [--allreduce-ms 500] [--optim-ms 500]
-//!                 [--decode-ms 500] [--kernel-ms 20] [--gpu-util 100]
-//!                 [--gpu-idle-util 0] [--no-env]
-//! zernel-workload train --gpu-file PATH --steps N [--workers N] [--data-dir DIR]
-//!                 [--decode-units 400] [--optim-units 100] [--kernels 20]
-//!                 [--launch-units 2] [--allreduce-ms 0] [--gpu-util 100] ...
-//! zernel-workload calibrate [--ms 500]
-//! zernel-workload hog --name NAME --secs S [--threads N] [--busy-pct P]
-//!                 [--rename NEW --rename-when PATH] [--fifo PRIO]
-//! zernel-workload threads --count N --secs S [--wake-ms 1000] [--ml]
-//! zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]
-//! zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS]
-//!                 [--open-when FILE] [--busy-pct P]
-//! zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]
-//! zernel-workload bpf-run --name NAME --secs S [--threads N]
-//! zernel-workload fork --name NAME --secs S --when PATH [--child-name NAME2] [--thread]
-//!                 [--busy-pct P]
-//! zernel-workload open --name NAME --secs S --path DEV --when PATH [--threads N] [--busy-pct P]
-//! zernel-workload entry --map PATH --tid T --class N [--start-offset TICKS] [--node N]
-//! ```
-//!
-//! # train
-//!
-//! ```text
-//!  pt_data_worker ×N  read a data file, decode (CPU) ──4 KiB batch──┐ pipe (8 KiB:
-//!  (forked workers)                                                  │  prefetch 2)
-//!  pt_main_thread  <──────────────────────────────────────────────────┘
-//!    per step:  wait for a batch
-//!               compute:   submit 20 ms "kernels" to fake_gpu, wait on a condvar
-//!               all-reduce: wake "NCCL Progress 0", wait on a condvar
-//!               optimizer: spin on the CPU, GPU idle
-//!  fake_gpu        runs kernels (sleeps), writes the GPU file: util 100 (or
-//!                  --gpu-util) while a kernel or the all-reduce runs, 0 (or
-//!                  --gpu-idle-util) after 5 ms without work
-//!  NCCL Progress 0 during the all-reduce: spin 2 ms, futex-wait 1 ms, repeat
-//!  pt_nccl_watchdg wakes every 100 ms
-//! ```
-//! The trainer re-executes itself with RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 in
-//! its environment (the ML evidence a launcher would give it) unless those
-//! are set already or --no-env is given. The GPU file uses the format of
-//! scx_zernel's file GPU provider, with the trainer as the GPU process.
-//! At the end it prints one line (cpu_secs: the CPU time of the trainer
-//! and its workers, from getrusage once the workers are reaped):
-//!
-//! ```text
-//! zernel-workload train steps=7 secs=10.02 steps_per_sec=0.699 loader_wait_p99_ms=0.8 gpu_busy_frac=0.634 workers=2 cpu_secs=14.1
-//! ```
-//!
-//! With --secs every phase ends on a deadline (a thread that gets less CPU
-//! still ends its phase on time): the VM tests use it for phases of known
-//! length. With --steps N the work is *sized* instead, for benchmarks: the
-//! trainer runs exactly N steps and the run takes as long as the CPU it
-//! gets makes it. Work is counted in units (one checksum pass over 16 KiB;
-//! `calibrate` prints how many an idle CPU does per ms):
-//!
-//! ```text
-//!  worker, per batch: --decode-units of work, then the batch into the pipe
-//!  trainer, per step: wait for a batch
-//!                     --kernels fake-GPU kernels, one after another: a
-//!                       launch (--launch-units of work), then a wait while
-//!                       the GPU "runs" it (100 us to 1 ms, cycling)
-//!                     an all-reduce only if --allreduce-ms > 0
-//!                     optimizer: --optim-units of work, GPU idle
-//! ```
-//!
-//! # hog
-//! N threads (the main one included) named NAME spinning on the CPU; with
-//! --busy-pct P < 100, each spins P % of every 5 ms and sleeps the rest.
-//! With --rename NEW, once PATH exists every thread but the main one (the
-//! main one when it is alone) renames itself NEW. With --fifo PRIO the
-//! process runs as SCHED_FIFO at PRIO (an RT task: above any sched_ext one).
-//!
-//! # threads
-//! A process with N mostly idle threads (`idle_<i>`), each waking every
-//! --wake-ms (±25 %) to do a few µs of work; with --ml it carries the rank
-//! environment (an ML process). Prints `zernel-workload threads ready N`
-//! once all threads exist.
-//!
-//! # reader
-//! One thread named NAME reading /dev/zero as fast as it can (an in-process
-//! data loader, by its read rate; with --busy-pct P < 100, for P % of every
-//! 5 ms), holding PATH (if given) open as fd N (default: the
-//! lowest free fd; fds below N are filled with /dev/null) from --after-ms
-//! on (default 0), or once the file --open-when names exists. Opening it
-//! also maps 1 MiB, so the process's virtual size changes, as when a program
-//! initialises a GPU. Prints
-//! `zernel-workload reader opened PATH fd N` when it does. With --thread,
-//! a second thread named NAME2 does the reading, from --start-ms on (it
-//! sleeps until then); the main thread only waits.
-//!
-//! # bpf-run
-//! N threads named NAME calling BPF_PROG_TEST_RUN, so that they spend
-//! nearly all their time with migration disabled. See bpf_run.rs.
-//!
-//! # fork
-//! One thread named NAME that runs P % (default 20) of every 5 ms until
-//! PATH exists (checked every 10 ms), then creates one child: a process
-//! (fork), or with --thread a thread. The child names itself NAME2 (default:
-//! NAME) as the first thing it does and runs the same duty cycle; the
-//! parent goes on with it. Prints `zernel-workload fork child TID` once
-//! the child exists. For fork inheritance: the child's first enqueue comes
-//! before the daemon has seen it.
-//!
-//! # open
-//! N threads (default 3, the main one included) named NAME running P %
-//! (default 20) of every 5 ms; once PATH exists the main thread opens DEV
-//! (read-only) and prints `zernel-workload open DEV ok` or `... error
-//! MESSAGE`: a device node with no driver behind it (a GPU node made with
-//! mknod) fails with ENXIO, and the run goes on either way.
-//!
-//! # entry
-//! Not a workload: writes one entry into the pinned task_class map, with the
-//! thread's start time plus TICKS (a stale entry unless TICKS is 0). See
-//! entry.rs.
+#![doc = include_str!("../README.md")]
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
@@ -129,68 +9,345 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+
 mod bpf_run;
 mod entry;
 
 const BATCH: usize = 4096;
 const RANK_ENV: [(&str, &str); 3] = [("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")];
 
-fn usage() -> ! {
-    eprintln!(
-        "usage:\n  zernel-workload train --gpu-file PATH --secs S [--workers N] [--data-dir DIR] \
-[--compute-ms MS] [--allreduce-ms MS] [--optim-ms MS] [--decode-ms MS] [--kernel-ms MS] \
-[--gpu-util PCT] [--gpu-idle-util PCT] [--no-env]\n  \
-zernel-workload train --gpu-file PATH --steps N [--workers N] [--data-dir DIR] [--decode-units U] \
-[--optim-units U] [--kernels K] [--launch-units U] [--allreduce-ms MS] [--gpu-util PCT] [--no-env]\n  \
-zernel-workload calibrate [--ms MS]\n  \
-zernel-workload hog --name NAME --secs S [--threads N] [--busy-pct P] [--rename NEW --rename-when PATH] [--fifo PRIO]\n  \
-zernel-workload threads --count N --secs S [--wake-ms MS] [--ml]\n  \
-zernel-workload churn --secs S [--count C] [--threads N] [--name NAME]\n  \
-zernel-workload reader --name NAME --secs S [--open PATH] [--fd N] [--after-ms MS | --open-when FILE] [--busy-pct P]\n  \
-zernel-workload reader --name NAME --secs S --thread NAME2 [--start-ms MS] [--busy-pct P]\n  \
-zernel-workload bpf-run --name NAME --secs S [--threads N]\n  \
-zernel-workload fork --name NAME --secs S --when PATH [--child-name NAME2] [--thread] [--busy-pct P]\n  \
-zernel-workload open --name NAME --secs S --path DEV --when PATH [--threads N] [--busy-pct P]\n  \
-zernel-workload entry --map PATH --tid T --class N [--start-offset TICKS] [--node N]"
-    );
-    std::process::exit(2)
+/// Processes that behave like an ML training job (or like the background
+/// noise around one), for scx_zernel's tests and benchmarks.
+#[derive(Parser)]
+#[command(name = "zernel-workload")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
 }
 
-/// `--key value` options and `--flag`s.
-struct Opts(HashMap<String, Option<String>>);
+/// One line each here; `help COMMAND` prints COMMAND's section of README.md.
+#[derive(Subcommand)]
+enum Cmd {
+    /// A training job: DataLoader worker processes, a trainer, a fake GPU, NCCL threads
+    Train(TrainArgs),
+    /// Units of sized work one thread does per ms here
+    Calibrate(CalibrateArgs),
+    /// Threads spinning on the CPU, all the time or a share of every 5 ms
+    Hog(HogArgs),
+    /// A process with many mostly idle threads
+    Threads(ThreadsArgs),
+    /// Threads creating short-lived threads, one after another
+    Churn(ChurnArgs),
+    /// An in-process data loader: a thread reading /dev/zero, maybe holding a device open
+    Reader(ReaderArgs),
+    /// Threads calling BPF_PROG_TEST_RUN (nearly all their time with migration disabled)
+    BpfRun(BpfRunArgs),
+    /// A thread that creates one child, a process or a thread, once a file exists
+    Fork(ForkArgs),
+    /// Threads of which the main one opens a device once a file exists
+    Open(OpenArgs),
+    /// Not a workload: writes one entry into the pinned task_class map
+    Entry(EntryArgs),
+}
 
-impl Opts {
-    fn parse(args: &[String], flags: &[&str]) -> Opts {
-        let mut map = HashMap::new();
-        let mut it = args.iter();
-        while let Some(a) = it.next() {
-            let Some(key) = a.strip_prefix("--") else { usage() };
-            if flags.contains(&key) {
-                map.insert(key.to_string(), None);
-            } else {
-                let Some(v) = it.next() else { usage() };
-                map.insert(key.to_string(), Some(v.clone()));
+#[derive(Args)]
+struct TrainArgs {
+    /// The fake GPU's file (the format of scx_zernel's file GPU provider)
+    #[arg(long, value_name = "PATH")]
+    gpu_file: PathBuf,
+    /// Run for S seconds, every phase on a deadline (unless --steps)
+    #[arg(long, value_name = "S", default_value_t = 10)]
+    secs: u64,
+    /// Run exactly N steps of sized work (at least 1) instead of --secs
+    #[arg(long, value_name = "N")]
+    steps: Option<u64>,
+    /// DataLoader worker processes (1 to 64)
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    workers: u64,
+    /// The data shards' directory, kept [default: a temporary one, removed at the end]
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// --secs: a step's compute phase
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    compute_ms: u64,
+    /// A step's all-reduce, 0 for none [default: 500, or 0 with --steps]
+    #[arg(long, value_name = "MS")]
+    allreduce_ms: Option<u64>,
+    /// --secs: a step's optimizer phase
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    optim_ms: u64,
+    /// --secs: a worker's decoding of a batch
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    decode_ms: u64,
+    /// --secs: one fake-GPU kernel (at least 1)
+    #[arg(long, value_name = "MS", default_value_t = 20)]
+    kernel_ms: u64,
+    /// The GPU's utilisation while busy (at most 100)
+    #[arg(long, value_name = "PCT", default_value_t = 100)]
+    gpu_util: u64,
+    /// The GPU's utilisation while idle (at most 100)
+    #[arg(long, value_name = "PCT", default_value_t = 0)]
+    gpu_idle_util: u64,
+    /// --steps: units of work a worker decodes per batch
+    #[arg(long, value_name = "U", default_value_t = 400)]
+    decode_units: u64,
+    /// --steps: units of work of a step's optimizer phase
+    #[arg(long, value_name = "U", default_value_t = 100)]
+    optim_units: u64,
+    /// --steps: fake-GPU kernels per step
+    #[arg(long, value_name = "K", default_value_t = 20)]
+    kernels: u64,
+    /// --steps: units of work to launch one kernel
+    #[arg(long, value_name = "U", default_value_t = 2)]
+    launch_units: u64,
+    /// Do not re-execute with the rank environment (RANK=0 LOCAL_RANK=0 WORLD_SIZE=1)
+    #[arg(long)]
+    no_env: bool,
+}
+
+#[derive(Args)]
+struct CalibrateArgs {
+    /// How long to measure (at least 50)
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    ms: u64,
+}
+
+#[derive(Args)]
+struct HogArgs {
+    /// The threads' name
+    #[arg(long, value_name = "NAME")]
+    name: String,
+    /// How long to run
+    #[arg(long, value_name = "S", default_value_t = 10)]
+    secs: u64,
+    /// Threads, the main one included (at least 1)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    threads: u64,
+    /// Spin P % of every 5 ms, sleep the rest
+    #[arg(long, value_name = "P", default_value_t = 100)]
+    busy_pct: u64,
+    /// Rename the threads NEW once --rename-when exists
+    #[arg(long, value_name = "NEW", requires = "rename_when")]
+    rename: Option<String>,
+    /// The file whose existence starts --rename
+    #[arg(long, value_name = "PATH", requires = "rename")]
+    rename_when: Option<PathBuf>,
+    /// Run as SCHED_FIFO at PRIO
+    #[arg(long, value_name = "PRIO")]
+    fifo: Option<i32>,
+}
+
+#[derive(Args)]
+struct ThreadsArgs {
+    /// Idle threads
+    #[arg(long, value_name = "N")]
+    count: usize,
+    /// How long to run
+    #[arg(long, value_name = "S", default_value_t = 10)]
+    secs: u64,
+    /// How often each thread wakes (±25 %)
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    wake_ms: u64,
+    /// Carry the rank environment (an ML process)
+    #[arg(long)]
+    ml: bool,
+}
+
+#[derive(Args)]
+struct ChurnArgs {
+    /// How long to run
+    #[arg(long, value_name = "S", default_value_t = 10)]
+    secs: u64,
+    /// Stop after C threads were created [default: no limit]
+    #[arg(long, value_name = "C")]
+    count: Option<u64>,
+    /// Threads creating threads
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    threads: u64,
+    /// The name of the process and of every thread created
+    #[arg(long, value_name = "NAME", default_value = "zt_churn")]
+    name: String,
+}
+
+#[derive(Args)]
+struct ReaderArgs {
+    /// The process's (and reading thread's) name
+    #[arg(long, value_name = "NAME")]
+    name: String,
+    /// How long to run
+    #[arg(long, value_name = "S", default_value_t = 10)]
+    secs: u64,
+    /// A file (a device) to hold open
+    #[arg(long, value_name = "PATH")]
+    open: Option<String>,
+    /// The fd to hold --open as [default: the lowest free one]
+    #[arg(long, value_name = "N")]
+    fd: Option<u64>,
+    /// Open --open this late
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    after_ms: u64,
+    /// Open --open once FILE exists
+    #[arg(long, value_name = "FILE")]
+    open_when: Option<PathBuf>,
+    /// Read P % of every 5 ms, sleep the rest
+    #[arg(long, value_name = "P", default_value_t = 100)]
+    busy_pct: u64,
+    /// A second thread, named NAME2, does the reading
+    #[arg(long, value_name = "NAME2")]
+    thread: Option<String>,
+    /// --thread: start reading this late
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    start_ms: u64,
+}
+
+#[derive(Args)]
+struct BpfRunArgs {
+    /// The threads' name
+    #[arg(long, value_name = "NAME")]
+    name: String,
+    /// How long to run
+    #[arg(long, value_name = "S", default_value_t = 10)]
+    secs: u64,
+    /// Threads
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    threads: u64,
+}
+
+#[derive(Args)]
+struct ForkArgs {
+    /// The parent's name
+    #[arg(long, value_name = "NAME")]
+    name: String,
+    /// How long to run
+    #[arg(long, value_name = "S", default_value_t = 10)]
+    secs: u64,
+    /// The file whose existence makes the child
+    #[arg(long, value_name = "PATH")]
+    when: PathBuf,
+    /// The child's name [default: NAME]
+    #[arg(long, value_name = "NAME2")]
+    child_name: Option<String>,
+    /// The child is a thread, not a process
+    #[arg(long)]
+    thread: bool,
+    /// Run P % of every 5 ms, sleep the rest
+    #[arg(long, value_name = "P", default_value_t = 20)]
+    busy_pct: u64,
+}
+
+#[derive(Args)]
+struct OpenArgs {
+    /// The threads' name
+    #[arg(long, value_name = "NAME")]
+    name: String,
+    /// How long to run
+    #[arg(long, value_name = "S", default_value_t = 10)]
+    secs: u64,
+    /// The device to open (read-only)
+    #[arg(long, value_name = "DEV")]
+    path: String,
+    /// The file whose existence makes the open
+    #[arg(long, value_name = "PATH")]
+    when: PathBuf,
+    /// Threads, the main one included (at least 1)
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    threads: u64,
+    /// Run P % of every 5 ms, sleep the rest
+    #[arg(long, value_name = "P", default_value_t = 20)]
+    busy_pct: u64,
+}
+
+#[derive(Args)]
+struct EntryArgs {
+    /// The pinned task_class map
+    #[arg(long, value_name = "PATH")]
+    map: String,
+    /// The thread
+    #[arg(long, value_name = "T", value_parser = clap::value_parser!(u32).range(1..))]
+    tid: u32,
+    /// The class
+    #[arg(long, value_name = "N")]
+    class: u32,
+    /// Added to the thread's start time (USER_HZ ticks): a stale entry unless 0
+    #[arg(long, value_name = "TICKS", default_value_t = 0)]
+    start_offset: u64,
+    /// The preferred node, -1 for none
+    #[arg(long, value_name = "N", default_value_t = -1, allow_hyphen_values = true)]
+    node: i32,
+}
+
+/// The README's section `# name`, without its code fences: the long help
+/// of subcommand `name`.
+fn section(name: &str) -> Option<String> {
+    let mut lines = include_str!("../README.md").lines().skip_while(|l| *l != format!("# {name}")).skip(1);
+    let mut text = String::new();
+    let mut fenced = false;
+    for l in lines.by_ref() {
+        if l.starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if !fenced && l.starts_with("# ") {
+            break;
+        }
+        text.push_str(l);
+        text.push('\n');
+    }
+    // Blank lines only: a diagram's first line keeps its indentation.
+    let text = text.trim_matches('\n');
+    (!text.is_empty()).then(|| text.to_string())
+}
+
+/// The command line: every subcommand with its README section as its long
+/// help, and an option given twice taking its last value.
+fn command() -> clap::Command {
+    let mut cmd = Cli::command();
+    let names: Vec<String> = cmd.get_subcommands().map(|c| c.get_name().to_string()).collect();
+    for name in names {
+        let about = section(&name);
+        cmd = cmd.mut_subcommand(&name, |c| {
+            let c = c.args_override_self(true);
+            match about {
+                Some(text) => c.long_about(text),
+                None => c,
             }
-        }
-        Opts(map)
+        });
     }
+    cmd
+}
 
-    fn str(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|v| v.as_deref())
+/// Whether the command line asks for the rank environment: `train` without
+/// --no-env, `threads --ml`. Read from the raw arguments, so that the
+/// re-execution comes before clap runs: an observer that looks at this
+/// process before it (the same program with the same arguments, which is no
+/// exec to it) keeps the environment it read then, without the rank.
+fn wants_rank_env(args: &[std::ffi::OsString]) -> bool {
+    let has = |flag: &str| args.iter().skip(2).any(|a| a == flag);
+    match args.get(1).and_then(|a| a.to_str()) {
+        Some("train") => !has("--no-env"),
+        Some("threads") => has("--ml"),
+        _ => false,
     }
+}
 
-    fn num(&self, key: &str, default: u64) -> u64 {
-        match self.str(key) {
-            None => default,
-            Some(v) => v.parse().unwrap_or_else(|_| {
-                eprintln!("--{key}: not a number: {v}");
-                usage()
-            }),
-        }
+fn main() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if wants_rank_env(&args) {
+        ensure_rank_env();
     }
-
-    fn flag(&self, key: &str) -> bool {
-        self.0.contains_key(key)
+    let cli = Cli::from_arg_matches(&command().get_matches_from(args)).unwrap_or_else(|e| e.exit());
+    match &cli.cmd {
+        Cmd::Train(a) => train(a),
+        Cmd::Calibrate(a) => calibrate(a),
+        Cmd::Hog(a) => hog(a),
+        Cmd::Threads(a) => threads(a),
+        Cmd::Churn(a) => churn(a),
+        Cmd::Reader(a) => reader(a),
+        Cmd::BpfRun(a) => bpf_run_cmd(a),
+        Cmd::Fork(a) => fork_cmd(a),
+        Cmd::Open(a) => open_cmd(a),
+        Cmd::Entry(a) => entry_cmd(a),
     }
 }
 
@@ -286,8 +443,8 @@ fn work(units: u64) {
 
 /// `calibrate`: units of work one thread does per ms here, measured over
 /// --ms (default 500) after a short warm-up. Run it on an idle machine.
-fn calibrate(o: &Opts) {
-    let ms = o.num("ms", 500).max(50);
+fn calibrate(a: &CalibrateArgs) {
+    let ms = a.ms.max(50);
     work(50);
     let t = Instant::now();
     let mut units = 0u64;
@@ -295,42 +452,11 @@ fn calibrate(o: &Opts) {
         work(10);
         units += 10;
     }
-    println!(
-        "zernel-workload calibrate units_per_ms={:.2}",
-        units as f64 / (t.elapsed().as_secs_f64() * 1e3)
-    );
+    println!("zernel-workload calibrate units_per_ms={:.2}", units as f64 / (t.elapsed().as_secs_f64() * 1e3));
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let Some(mode) = args.get(1) else { usage() };
-    let rest = &args[2..];
-    match mode.as_str() {
-        "train" => train(&Opts::parse(rest, &["no-env"])),
-        "hog" => hog(&Opts::parse(rest, &[])),
-        "threads" => threads(&Opts::parse(rest, &["ml"])),
-        "churn" => churn(&Opts::parse(rest, &[])),
-        "reader" => reader(&Opts::parse(rest, &[])),
-        "entry" => entry_cmd(&Opts::parse(rest, &[])),
-        "bpf-run" => bpf_run_cmd(&Opts::parse(rest, &[])),
-        "fork" => fork_cmd(&Opts::parse(rest, &["thread"])),
-        "open" => open_cmd(&Opts::parse(rest, &[])),
-        "calibrate" => calibrate(&Opts::parse(rest, &[])),
-        _ => usage(),
-    }
-}
-
-fn entry_cmd(o: &Opts) {
-    let Some(map) = o.str("map") else { usage() };
-    let (tid, class, offset) = (o.num("tid", 0) as u32, o.num("class", u64::MAX) as u32, o.num("start-offset", 0));
-    if tid == 0 || class == u32::MAX {
-        usage()
-    }
-    let node = match o.str("node") {
-        None => -1,
-        Some(v) => v.parse().unwrap_or_else(|_| usage()),
-    };
-    if let Err(e) = entry::write(map, tid, class, offset, node) {
+fn entry_cmd(a: &EntryArgs) {
+    if let Err(e) = entry::write(&a.map, a.tid, a.class, a.start_offset, a.node) {
         eprintln!("zernel-workload entry: {e}");
         std::process::exit(1);
     }
@@ -338,22 +464,17 @@ fn entry_cmd(o: &Opts) {
 
 // ------------------------------------------------------------------ hog ----
 
-fn hog(o: &Opts) {
-    let Some(name) = o.str("name").map(str::to_string) else { usage() };
-    let secs = o.num("secs", 10);
-    let n = o.num("threads", 1).max(1);
-    let pct = o.num("busy-pct", 100);
-    let until = Instant::now() + Duration::from_secs(secs);
-    if let Some(prio) = o.str("fifo") {
-        set_fifo(prio.parse().unwrap_or_else(|_| usage()));
+fn hog(a: &HogArgs) {
+    let name = a.name.clone();
+    let n = a.threads.max(1);
+    let pct = a.busy_pct;
+    let until = Instant::now() + Duration::from_secs(a.secs);
+    if let Some(prio) = a.fifo {
+        set_fifo(prio);
     }
     // --rename NEW: once the file --rename-when exists, every thread but the
     // main one (the main one when it is alone) takes the name NEW.
-    let rename = match (o.str("rename"), o.str("rename-when")) {
-        (Some(new), Some(when)) => Some((new.to_string(), PathBuf::from(when))),
-        (None, None) => None,
-        _ => usage(),
-    };
+    let rename = a.rename.clone().zip(a.rename_when.clone());
     let run = move |rename: Option<(String, PathBuf)>| {
         let burn = |end| {
             if pct >= 100 {
@@ -392,22 +513,21 @@ fn hog(o: &Opts) {
 
 // ----------------------------------------------------------------- fork ----
 
-fn fork_cmd(o: &Opts) {
-    let (Some(name), Some(when)) = (o.str("name"), o.str("when")) else { usage() };
-    let child_name = o.str("child-name").unwrap_or(name).to_string();
-    let until = Instant::now() + Duration::from_secs(o.num("secs", 10));
-    let pct = o.num("busy-pct", 20);
+fn fork_cmd(a: &ForkArgs) {
+    let (name, when) = (a.name.as_str(), a.when.as_path());
+    let child_name = a.child_name.as_deref().unwrap_or(name).to_string();
+    let until = Instant::now() + Duration::from_secs(a.secs);
+    let pct = a.busy_pct;
     let burn = move |end: Instant| {
         duty_cycle(end, pct, || {
             spin_until(Instant::now() + Duration::from_micros(100));
         })
     };
     set_name(name);
-    let when = Path::new(when);
     while Instant::now() < until && !when.exists() {
         burn((Instant::now() + Duration::from_millis(10)).min(until));
     }
-    if o.flag("thread") {
+    if a.thread {
         let (tx, rx) = std::sync::mpsc::channel();
         let h = std::thread::spawn(move || {
             set_name(&child_name);
@@ -447,17 +567,17 @@ fn fork_cmd(o: &Opts) {
 
 // ----------------------------------------------------------------- open ----
 
-fn open_cmd(o: &Opts) {
-    let (Some(name), Some(dev), Some(when)) = (o.str("name"), o.str("path"), o.str("when")) else { usage() };
-    let until = Instant::now() + Duration::from_secs(o.num("secs", 10));
-    let pct = o.num("busy-pct", 20);
+fn open_cmd(a: &OpenArgs) {
+    let (name, dev, when) = (a.name.as_str(), a.path.as_str(), a.when.as_path());
+    let until = Instant::now() + Duration::from_secs(a.secs);
+    let pct = a.busy_pct;
     let burn = move |end: Instant| {
         duty_cycle(end, pct, || {
             spin_until(Instant::now() + Duration::from_micros(100));
         })
     };
     set_name(name);
-    let handles: Vec<_> = (1..o.num("threads", 3).max(1))
+    let handles: Vec<_> = (1..a.threads.max(1))
         .map(|_| {
             let name = name.to_string();
             std::thread::spawn(move || {
@@ -466,7 +586,6 @@ fn open_cmd(o: &Opts) {
             })
         })
         .collect();
-    let when = Path::new(when);
     while Instant::now() < until && !when.exists() {
         burn((Instant::now() + Duration::from_millis(10)).min(until));
     }
@@ -489,9 +608,8 @@ fn open_cmd(o: &Opts) {
 
 // -------------------------------------------------------------- bpf-run ----
 
-fn bpf_run_cmd(o: &Opts) {
-    let Some(name) = o.str("name") else { usage() };
-    match bpf_run::bpf_run(name, o.num("secs", 10), o.num("threads", 1)) {
+fn bpf_run_cmd(a: &BpfRunArgs) {
+    match bpf_run::bpf_run(&a.name, a.secs, a.threads) {
         Ok(calls) => println!("zernel-workload bpf-run calls {calls}"),
         Err(e) => {
             eprintln!("zernel-workload bpf-run: {e}");
@@ -502,16 +620,16 @@ fn bpf_run_cmd(o: &Opts) {
 
 // --------------------------------------------------------------- reader ----
 
-fn reader(o: &Opts) {
-    let Some(name) = o.str("name") else { usage() };
-    let path = o.str("open");
-    let until = Instant::now() + Duration::from_secs(o.num("secs", 10));
-    let open_at = Instant::now() + Duration::from_millis(o.num("after-ms", 0));
-    let open_when = o.str("open-when").map(std::path::Path::new);
-    let want_fd = o.str("fd").map(|_| o.num("fd", 0) as libc::c_int);
-    let pct = o.num("busy-pct", 100);
-    if let Some(thread) = o.str("thread") {
-        let start = Instant::now() + Duration::from_millis(o.num("start-ms", 0));
+fn reader(a: &ReaderArgs) {
+    let name = a.name.as_str();
+    let path = a.open.as_deref();
+    let until = Instant::now() + Duration::from_secs(a.secs);
+    let open_at = Instant::now() + Duration::from_millis(a.after_ms);
+    let open_when = a.open_when.as_deref();
+    let want_fd = a.fd.map(|fd| fd as libc::c_int);
+    let pct = a.busy_pct;
+    if let Some(thread) = a.thread.as_deref() {
+        let start = Instant::now() + Duration::from_millis(a.start_ms);
         return reader_thread(name, thread, start, until, pct);
     }
     set_name(name);
@@ -596,12 +714,12 @@ fn reader_thread(name: &str, thread: &str, start: Instant, until: Instant, pct: 
 /// time, for S seconds or until C were created: every child names itself
 /// NAME (default zt_churn), so that a rule can give it a class, and exits.
 /// Prints how many were created.
-fn churn(o: &Opts) {
-    let secs = o.num("secs", 10);
-    let target = o.num("count", u64::MAX);
-    let n = o.num("threads", 4).max(1);
+fn churn(a: &ChurnArgs) {
+    let secs = a.secs;
+    let target = a.count.unwrap_or(u64::MAX);
+    let n = a.threads.max(1);
     let total = Arc::new(AtomicU64::new(0));
-    let name = o.str("name").unwrap_or("zt_churn").to_string();
+    let name = a.name.clone();
     let until = Instant::now() + Duration::from_secs(secs);
     set_name(&name);
     let spawners: Vec<_> = (0..n)
@@ -632,13 +750,11 @@ fn churn(o: &Opts) {
 
 // -------------------------------------------------------------- threads ----
 
-fn threads(o: &Opts) {
-    if o.flag("ml") {
-        ensure_rank_env();
-    }
-    let Some(count) = o.str("count").and_then(|c| c.parse::<usize>().ok()) else { usage() };
-    let secs = o.num("secs", 10);
-    let wake = Duration::from_millis(o.num("wake-ms", 1000).max(1));
+/// `threads`; with --ml, main has re-executed it with the rank environment.
+fn threads(a: &ThreadsArgs) {
+    let count = a.count;
+    let secs = a.secs;
+    let wake = Duration::from_millis(a.wake_ms.max(1));
     let until = Instant::now() + Duration::from_secs(secs);
     let mut handles = Vec::with_capacity(count);
     for i in 0..count {
@@ -935,31 +1051,26 @@ fn read_batch(fd: libc::c_int) -> bool {
     true
 }
 
-fn train(o: &Opts) {
-    if !o.flag("no-env") {
-        ensure_rank_env();
-    }
-    let Some(gpu_file) = o.str("gpu-file").map(PathBuf::from) else { usage() };
-    let secs = o.num("secs", 10);
-    // --steps N: sized work (see the module doc).
-    let sized = o.str("steps").map(|_| o.num("steps", 0).max(1));
-    let workers = o.num("workers", 2).clamp(1, 64) as usize;
-    let ms = |k, d| Duration::from_millis(o.num(k, d));
+/// `train`; unless --no-env, main has re-executed it with the rank
+/// environment.
+fn train(a: &TrainArgs) {
+    let gpu_file = a.gpu_file.clone();
+    let secs = a.secs;
+    // --steps N: sized work (see README.md).
+    let sized = a.steps.map(|n| n.max(1));
+    let workers = a.workers.clamp(1, 64) as usize;
+    let ms = Duration::from_millis;
     let allreduce_default = if sized.is_some() { 0 } else { 500 };
     let (compute, allreduce, optim) =
-        (ms("compute-ms", 500), ms("allreduce-ms", allreduce_default), ms("optim-ms", 500));
-    let kernel = ms("kernel-ms", 20).max(Duration::from_millis(1));
+        (ms(a.compute_ms), ms(a.allreduce_ms.unwrap_or(allreduce_default)), ms(a.optim_ms));
+    let kernel = ms(a.kernel_ms).max(Duration::from_millis(1));
     let decode = match sized {
-        Some(_) => Decode::Sized(o.num("decode-units", 400)),
-        None => Decode::Timed(ms("decode-ms", 500)),
+        Some(_) => Decode::Sized(a.decode_units),
+        None => Decode::Timed(ms(a.decode_ms)),
     };
-    let (optim_units, kernels, launch_units) =
-        (o.num("optim-units", 100), o.num("kernels", 20), o.num("launch-units", 2));
+    let (optim_units, kernels, launch_units) = (a.optim_units, a.kernels, a.launch_units);
     let pid = std::process::id();
-    let data_dir = o
-        .str("data-dir")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("zernel-workload-{pid}")));
+    let data_dir = a.data_dir.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("zernel-workload-{pid}")));
     let files = make_data(&data_dir);
     set_name("pt_main_thread");
 
@@ -994,8 +1105,8 @@ fn train(o: &Opts) {
         cv: Condvar::new(),
         file: gpu_file,
         pid,
-        busy_util: o.num("gpu-util", 100).min(100),
-        idle_util: o.num("gpu-idle-util", 0).min(100),
+        busy_util: a.gpu_util.min(100),
+        idle_util: a.gpu_idle_util.min(100),
     });
     gpu.publish(gpu.idle_util);
     let nccl = Arc::new(Collective::default());
@@ -1080,7 +1191,7 @@ fn train(o: &Opts) {
             libc::waitpid(c, std::ptr::null_mut(), 0);
         }
     }
-    if o.str("data-dir").is_none() {
+    if a.data_dir.is_none() {
         let _ = std::fs::remove_dir_all(&data_dir);
     }
 
@@ -1098,4 +1209,87 @@ fn train(o: &Opts) {
         busy.as_secs_f64() / secs_f.max(1e-9),
         cpu_secs(libc::RUSAGE_SELF) + cpu_secs(libc::RUSAGE_CHILDREN),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> Result<Cmd, clap::Error> {
+        let args = std::iter::once("zernel-workload").chain(line.split_whitespace());
+        Ok(Cli::from_arg_matches(&command().try_get_matches_from(args)?)?.cmd)
+    }
+
+    #[test]
+    fn the_command_line_is_consistent_and_every_command_has_its_section() {
+        command().debug_assert();
+        for c in command().get_subcommands() {
+            assert!(section(c.get_name()).is_some(), "README.md has no `# {}`", c.get_name());
+        }
+        assert!(section("train").unwrap().starts_with(" pt_data_worker"));
+    }
+
+    /// The invocations of the VM cases, the benchmark and the host tests.
+    #[test]
+    fn the_callers_command_lines_parse() {
+        for line in [
+            "train --gpu-file /w/gpu.json --secs 40 --workers 2 --data-dir /w/data",
+            "train --gpu-file /w/gpu.json --secs 400 --workers 1 --data-dir /w/data --gpu-util 60 --gpu-idle-util 20",
+            "train --gpu-file /w/gpu.json --steps 150 --workers 2 --data-dir /w/data --decode-units 80 \
+             --optim-units 40 --launch-units 1 --kernels 20",
+            "train --gpu-file /w/gpu.json --steps 2 --workers 1 --data-dir /w/data",
+            "calibrate --ms 1000",
+            "hog --name zt_before --secs 60 --threads 2 --rename zt_after --rename-when /w/go",
+            "hog --name zt_rt --secs 300 --fifo 50",
+            "hog --name zt_duty --secs 90 --busy-pct 70",
+            "threads --count 300 --secs 90 --wake-ms 200 --ml",
+            "threads --count 1000 --secs 600",
+            "churn --secs 900 --count 99000 --threads 4",
+            "reader --name zt_high --secs 90 --open /dev/zt_gpu0 --fd 40",
+            "reader --name zt_late --secs 90 --open /dev/zt_gpu0 --open-when /tmp/zt_late.go",
+            "reader --secs 90 --name zt_env --busy-pct 20",
+            "reader --name zt_qmain --secs 30 --thread zt_pool --start-ms 7000",
+            "bpf-run --name zt_bpf --threads 2 --secs 300",
+            "fork --name zt_fp --child-name zt_fp --secs 200 --when /tmp/go.b --thread",
+            "open --name zt_gpu --threads 3 --path /dev/nvidia0 --when /tmp/go.gpu --secs 200",
+            "entry --map /sys/fs/bpf/scx_zernel/task_class --tid 42 --class 1 --node 7",
+            "entry --map /sys/fs/bpf/scx_zernel/task_class --tid 42 --class 3 --start-offset 7",
+        ] {
+            if let Err(e) = parse(line) {
+                panic!("{line}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_rank_environment_is_for_train_without_no_env_and_threads_with_ml() {
+        let wants = |line: &str| {
+            let args: Vec<std::ffi::OsString> = line.split_whitespace().map(Into::into).collect();
+            wants_rank_env(&args)
+        };
+        assert!(wants("zw train --gpu-file g --secs 1"));
+        assert!(!wants("zw train --gpu-file g --no-env"));
+        assert!(wants("zw threads --count 3 --ml"));
+        assert!(!wants("zw threads --count 3"));
+        assert!(!wants("zw hog --name train --ml"));
+        assert!(!wants("zw"));
+    }
+
+    #[test]
+    fn defaults_flags_and_the_last_of_a_repeated_option() {
+        let Ok(Cmd::Train(t)) = parse("train --gpu-file g") else { panic!("train") };
+        assert_eq!((t.secs, t.steps, t.workers, t.allreduce_ms, t.kernel_ms, t.no_env), (10, None, 2, None, 20, false));
+        assert_eq!((t.decode_units, t.optim_units, t.kernels, t.launch_units), (400, 100, 20, 2));
+        let Ok(Cmd::Hog(h)) = parse("hog --name a --secs 1 --secs 5") else { panic!("hog") };
+        assert_eq!((h.name.as_str(), h.secs, h.threads, h.busy_pct, h.fifo), ("a", 5, 1, 100, None));
+        let Ok(Cmd::Entry(e)) = parse("entry --map m --tid 1 --class 2 --node -1") else { panic!("entry") };
+        assert_eq!((e.tid, e.class, e.start_offset, e.node), (1, 2, 0, -1));
+        let Ok(Cmd::Fork(f)) = parse("fork --name a --when w") else { panic!("fork") };
+        assert_eq!((f.busy_pct, f.thread, f.child_name), (20, false, None));
+        let Ok(Cmd::Churn(c)) = parse("churn") else { panic!("churn") };
+        assert_eq!((c.secs, c.count, c.threads, c.name.as_str()), (10, None, 4, "zt_churn"));
+        for bad in ["hog --secs 1", "hog --name a --rename b", "threads --secs 1", "entry --map m --tid 0 --class 1"] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -19,10 +19,12 @@
 //! an unchanged thread's facts matched), which is what an unchanged thread
 //! costs in every pass.
 //!
-//! `cargo bench --bench observe` (add `-- --quick` for 20 passes and 3 s,
+//! `cargo bench --bench observe`, once `cargo build --release --workspace`
+//! has built zernel-workload (a crate of its own: cargo does not build it
+//! for this package's benches); add `-- --quick` for 20 passes and 3 s,
 //! `-- --cpu-only` for the CPU figures alone, `-- --script-only` for the
 //! script's figures alone, `-- --events-only` for the process-events
-//! figures alone).
+//! figures alone.
 //!
 //! Process events: the pass time and the loop's CPU with 2,000 threads and
 //! no new processes, with /proc listed whenever /proc/loadavg moved (as
@@ -34,6 +36,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use std::path::Path;
+
+// The host tests' helpers, for workload_bin (the rest is unused here).
+#[path = "../tests/common/mod.rs"]
+#[allow(unused_imports)]
+mod common;
 
 use scx_zernel::class::Class;
 use scx_zernel::config::Config;
@@ -72,7 +79,7 @@ impl Drop for Workload {
 }
 
 fn spawn(n: usize, ml: bool) -> Workload {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zernel-workload"));
+    let mut cmd = Command::new(common::workload_bin());
     cmd.args(["threads", "--count", &n.to_string(), "--secs", "600"]);
     if ml {
         cmd.arg("--ml");
