@@ -122,12 +122,14 @@ up_cs() { tr -d . </proc/uptime | cut -d' ' -f1; }
 field() { tr ' ' '\n' <"$2" | sed -n "s/^$1=//p" | tail -n1; }
 # ticks_of PID : utime+stime of a whole process, in clock ticks (1/100 s).
 ticks_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13 }'; }
-# ticks_by_comm PREFIX : utime+stime summed over processes whose comm starts
-# with PREFIX. cat, not awk on the glob: a process that exits in between makes
-# cat skip its file, where awk would stop.
-ticks_by_comm() {
-  cat /proc/[0-9]*/stat 2>/dev/null | awk -v p="($1" '
-    substr($2, 1, length(p)) == p { s = $0; sub(/^.*\) /, "", s); split(s, f, " "); t += f[12] + f[13] }
+# proc_ticks comm PREFIX | pgrp PGID : utime+stime summed over the processes
+# whose comm starts with PREFIX, or over those of process group PGID. cat,
+# not awk on the glob: a process that exits in between makes cat skip its
+# file, where awk would stop.
+proc_ticks() {
+  cat /proc/[0-9]*/stat 2>/dev/null | awk -v k="$1" -v v="$2" '
+    { s = $0; sub(/^.*\) /, "", s); split(s, f, " ")
+      if (k == "comm" ? substr($2, 1, length(v) + 1) == "(" v : f[3] == v) t += f[12] + f[13] }
     END { print t + 0 }'
 }
 # stop_bg PID : SIGINT a background job and reap it.
@@ -136,22 +138,28 @@ stop_bg() { kill -INT "$1" 2>/dev/null; wait "$1" 2>/dev/null; }
 # ---- schedulers -------------------------------------------------------------------------
 SPID=""     # the running sched_ext scheduler's process
 
+# sched_bin NAME : the program of scheduler NAME (every configuration of
+# scx_zernel runs scx_zernel; zernel_base runs scx_zernel_base).
+sched_bin() {
+  case $1 in zernel|zernel_gpu|zernel_flat) echo scx_zernel ;; *) echo "scx_$1" ;; esac
+}
+
 # sched_start NAME : attach scheduler NAME (eevdf: check nothing is attached).
 # Waits <= 90 s for state `enabled` with an ops name starting with the
-# scheduler's (zernel_base's: "zernel"; lavd's BPF program takes a while to
-# verify under TCG).
+# scheduler's ("zernel" for every scx_zernel configuration and zernel_base;
+# lavd's BPF program takes a while to verify under TCG).
 sched_start() {
-  local n=450 t0
+  local n=450 t0 cfg
   assert_eq "[$1] sched_ext is disabled before" "$(sched_state)" disabled
   [ "$1" = eevdf ] && return 0
   t0=$(up_cs)
   case $1 in
-    zernel) scx_zernel --config "$W/zernel.toml" >"$W/sched.log" 2>&1 & ;;
-    zernel_gpu) scx_zernel --config "$W/zernel-gpu.toml" >"$W/sched.log" 2>&1 & ;;
-    zernel_flat) scx_zernel --config "$W/zernel-flat.toml" >"$W/sched.log" 2>&1 & ;;
-    zernel_base) scx_zernel_base --config "$W/zernel.toml" >"$W/sched.log" 2>&1 & ;;
-    *) "scx_$1" >"$W/sched.log" 2>&1 & ;;
+    zernel|zernel_base) cfg=$W/zernel.toml ;;
+    zernel_gpu) cfg=$W/zernel-gpu.toml ;;
+    zernel_flat) cfg=$W/zernel-flat.toml ;;
+    *) cfg="" ;;
   esac
+  "$(sched_bin "$1")" ${cfg:+--config "$cfg"} >"$W/sched.log" 2>&1 &
   SPID=$!
   while [ $n -gt 0 ]; do
     if [ "$(sched_state)" = enabled ]; then
@@ -208,8 +216,8 @@ bpf_snapshot() {
             tn[26] = "tracing"; tn[27] = "struct_ops"; tn[29] = "lsm" }
     function flush() {
       if (id != "" && type != "" && !seen[id]++)
-        print id, (type in tn ? tn[type] : "type" type), (tag in name ? name[tag] : "tag_" tag), rt, rc
-      id = ""; type = ""; tag = ""; rt = 0; rc = 0
+        print id, (type in tn ? tn[type] : "type" type), (tag in name ? name[tag] : "tag_" tag), rt, rc, vi
+      id = ""; type = ""; tag = ""; rt = 0; rc = 0; vi = ""
     }
     /^pos:/ { flush() }
     /^prog_type:/ { type = $2 }
@@ -217,6 +225,7 @@ bpf_snapshot() {
     /^prog_id:/ { id = $2 }
     /^run_time_ns:/ { rt = $2 }
     /^run_cnt:/ { rc = $2 }
+    /^verified_insns:/ { vi = $2 }
     END { flush() }'
 }
 
@@ -251,22 +260,11 @@ bpf_report() {
 }
 
 # bpf_insns SCHED REP : each BPF program's verified_insns (the instructions
-# the verifier processed, the figure veristat reports), from the fdinfo of
-# the programs the scheduler process holds; bpf_symbols must have run.
+# the verifier processed, the figure veristat reports), from bpf_snapshot;
+# bpf_symbols must have run.
 bpf_insns() {
-  cat "/proc/$SPID/fdinfo/"* 2>/dev/null | awk -v syms="$W/bpfsyms" -v s="$1" -v r="$2" '
-    BEGIN { while ((getline l < syms) > 0) { split(l, a, " "); name[a[1]] = a[2] } }
-    function flush() {
-      if (id != "" && type != "" && vi != "" && !seen[id]++)
-        printf "BENCH sched=%s rep=%s metric=bpf_verified_insns.%s value=%s\n", s, r, (tag in name ? name[tag] : "tag_" tag), vi
-      id = ""; type = ""; tag = ""; vi = ""
-    }
-    /^pos:/ { flush() }
-    /^prog_type:/ { type = $2 }
-    /^prog_tag:/ { tag = $2 }
-    /^prog_id:/ { id = $2 }
-    /^verified_insns:/ { vi = $2 }
-    END { flush() }'
+  bpf_snapshot "$SPID" | awk -v s="$1" -v r="$2" '
+    $6 != "" { printf "BENCH sched=%s rep=%s metric=bpf_verified_insns.%s value=%s\n", s, r, $3, $6 }'
 }
 
 # zernel_classes BIN : what the kernel map of scx_zernel (or BIN, another build
@@ -322,18 +320,18 @@ case_ml() {
   # run: from just before it starts to just after it ends.
   hogs_start
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf0" && b0=$(ticks_of "$SPID")
-  h0=$(ticks_by_comm stress-ng) u0=$(up_cs) e0=$(date +%s)
+  h0=$(proc_ticks comm stress-ng) u0=$(up_cs) e0=$(date +%s)
   # Half-way through, which classes the ML threads have in scx_zernel's map.
   # Every build of scx_zernel alike: the dump forks processes, whose BPF time
   # (init_task, process events) the window counts.
   dp=""
   case $s in zernel*)
-    ( sleep 2; echo "# [$s] map with hogs: $(zernel_classes "scx_${s%_gpu}")" ) &
+    ( sleep 2; echo "# [$s] map with hogs: $(zernel_classes "$(sched_bin "$s")")" ) &
     dp=$!
   esac
   train_run "$W/con"
   [ -n "$dp" ] && wait "$dp"   # only that job: the hogs are a background job too
-  h1=$(ticks_by_comm stress-ng) u1=$(up_cs)
+  h1=$(proc_ticks comm stress-ng) u1=$(up_cs)
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf1" && b1=$(ticks_of "$SPID")
   echo "BENCHWIN sched=$s rep=$r case=ml_con start=$e0 end=$(date +%s)"
   hogs_stop
@@ -358,12 +356,6 @@ case_ml() {
 
 # ---- case 2: real PyTorch ----------------------------------------------------------------
 TPY="" TPG="" SPG=""
-# ticks_by_pgrp PGID : utime+stime of every process of a process group.
-ticks_by_pgrp() {
-  cat /proc/[0-9]*/stat 2>/dev/null | awk -v g="$1" '
-    { s = $0; sub(/^.*\) /, "", s); split(s, f, " "); if (f[3] == g) t += f[12] + f[13] }
-    END { print t + 0 }'
-}
 # torch_steps : the trainer's finished steps (0 before the first).
 torch_steps() { local v; v=$(cat "$W/tprog" 2>/dev/null); echo "${v:-0}"; }
 # torch_wait_steps N SECS : wait until the trainer finished N steps, at most SECS.
@@ -417,9 +409,9 @@ torch_train_window() {
   local s=$1 r=$2 k=$3 n0 t0 t1 j0 j1 h0 h1 u0 u1 win e0
   torch_wait_steps $(($(torch_steps) + $4)) 900 || { echo "# [$s] torch: $4 warm-up steps not done in 900 s"; return 1; }
   n0=$(torch_steps)
-  j0=$(ticks_by_pgrp "$TPG") h0=$(ticks_by_comm stress-ng) u0=$(up_cs) e0=$(date +%s)
+  j0=$(proc_ticks pgrp "$TPG") h0=$(proc_ticks comm stress-ng) u0=$(up_cs) e0=$(date +%s)
   torch_wait_steps $((n0 + TORCH_STEPS)) 1800 || { echo "# [$s] torch: $TORCH_STEPS steps not done in 1800 s"; return 1; }
-  j1=$(ticks_by_pgrp "$TPG") h1=$(ticks_by_comm stress-ng) u1=$(up_cs)
+  j1=$(proc_ticks pgrp "$TPG") h1=$(proc_ticks comm stress-ng) u1=$(up_cs)
   echo "BENCHWIN sched=$s rep=$r case=torch_train_$k start=$e0 end=$(date +%s)"
   t0=$(step_time "$n0") t1=$(step_time $((n0 + TORCH_STEPS)))
   win=$(calc "($u1 - $u0) / 100")
@@ -434,11 +426,11 @@ torch_train_window() {
 # torch_infer_window SCHED REP KIND : INFER_REQS requests, one after another.
 torch_infer_window() {
   local s=$1 r=$2 k=$3 h0 h1 u0 u1 e0 v
-  h0=$(ticks_by_comm stress-ng) u0=$(up_cs) e0=$(date +%s)
+  h0=$(proc_ticks comm stress-ng) u0=$(up_cs) e0=$(date +%s)
   rm -f "$W/infer.json"
   "$TPY" tests/workloads/pytorch/client.py --socket "$W/lm.sock" --requests "$INFER_REQS" --tokens 8 --new 2 \
     --out "$W/infer.json" >"$W/client.out" 2>&1 || { echo "# [$s] client failed: $(tail -n1 "$W/client.out")"; return 1; }
-  h1=$(ticks_by_comm stress-ng) u1=$(up_cs)
+  h1=$(proc_ticks comm stress-ng) u1=$(up_cs)
   echo "BENCHWIN sched=$s rep=$r case=torch_infer_$k start=$e0 end=$(date +%s)"
   for v in rps p50_ms p99_ms; do
     result "$s" "$r" "torch_infer_${k}_$v" "$(sed -n "s/.*\"$v\": \([0-9.e+-]*\).*/\1/p" "$W/infer.json")"
@@ -570,9 +562,8 @@ echo "BENCHMETA kernel=$(uname -r) vcpus=$NCPU mem_kib=$(awk '/MemTotal/ { print
 echo "BENCHMETA stress_ng=\"$(stress-ng --version 2>&1 | head -n1)\" cyclictest=\"$(cyclictest --help 2>&1 | head -n1)\""
 for s in $SCHEDS; do
   case $s in
-    zernel|zernel_gpu|zernel_flat) v=$(scx_zernel --version 2>&1 | head -n1) ;;
     eevdf) v="kernel $(uname -r)" ;;
-    *) v=$("scx_$s" --version 2>&1 | head -n1) ;;
+    *) v=$("$(sched_bin "$s")" --version 2>&1 | head -n1) ;;
   esac
   echo "BENCHMETA version.$s=\"$v\""
 done
