@@ -15,8 +15,8 @@
  *                 its own CPU runs a hog of its class or lower (or a task
  *                 that ran long enough): head of that CPU's local queue,
  *                 the hog preempted (wake_victim)
- *              └─ else: dsq[node][class], FIFO (vtime = enqueue time);
- *                      kick an idle CPU, its node first
+ *              └─ else: dsq[node][class], in task vtime order (see
+ *                      queue_vtime()); kick an idle CPU, its node first
  *   slice end ─> zernel_enqueue again (SCX_OPS_ENQ_LAST): a task that runs
  *              alone on the wrong node moves to its node's idle CPU; any
  *              other task alone on its CPU keeps it (local queue)
@@ -165,6 +165,15 @@ u64 share_vtime[ZERNEL_MAX_TENANTS + 1];
 u64 vtime_now;
 
 /*
+ * Task virtual time clocks, one per class and share (the latency class has
+ * no share: row 0): the largest vtime a task of that class and share started
+ * running with. See queue_vtime().
+ */
+#define NR_VCLOCKS  ((ZERNEL_MAX_TENANTS + 2) * ZCLASS_NR)
+#define VCLOCK_NONE NR_VCLOCKS
+u64 vclock[NR_VCLOCKS];
+
+/*
  * What each task was last queued with (read when it runs and stops), and how
  * long it runs between sleeps.
  */
@@ -189,6 +198,8 @@ struct task_ctx {
 	struct task_class inh;
 	u64 inh_until;
 	u32 enq_undecided; /* enqueues with no decision, until the first with one */
+	u32 vclock;	   /* the clock its vtime counts against, VCLOCK_NONE */
+	u64 enq_at;	   /* when it last went into a class queue */
 	bool forked;	   /* created after attach (init_task with fork) */
 	bool decided;	   /* had an enqueue with a decision */
 };
@@ -661,6 +672,43 @@ static s32 wake_victim(struct task_struct *p, u32 class, s32 tenant, u64 now)
 	return cpu;
 }
 
+/*
+ * Task vtime: the order inside a class queue. A task's vtime
+ * (p->scx.dsq_vtime) grows by its CPU time, weighted by its nice level
+ * (zernel_stopping); the queue serves the least first, so a task that ran
+ * less than the others in its queue goes first. Each class and share has a
+ * clock, the largest vtime a task of it started running with
+ * (zernel_running). A task that slept comes back no further behind its
+ * clock than one class slice: the credit of a sleeper, like EEVDF's lag, and
+ * what lets a short-burst wakeup pass CPU hogs, where a FIFO would queue it
+ * behind every hog's slice. A task new to a clock (just created, or its
+ * class or tenant changed) starts at it: no credit and no debt.
+ *
+ *   enqueue: vtime = max(own vtime, clock - class slice); new: clock
+ *   running: clock = max(clock, vtime)
+ *   stopping: vtime += runtime * 100 / weight
+ *
+ * The starvation bound does not read the vtime: it reads each queue head's
+ * enqueue time (enq_at).
+ */
+static u64 queue_vtime(struct task_struct *p, struct task_ctx *tctx, u32 class,
+		       s32 share)
+{
+	u32 q = (u32)(share + 1) * ZCLASS_NR + class;
+	u64 clock, floor, vt = p->scx.dsq_vtime;
+
+	if (q >= NR_VCLOCKS || class >= ZCLASS_NR)
+		return vt;
+	clock = vclock[q];
+	if (!tctx || tctx->vclock != q) {
+		if (tctx)
+			tctx->vclock = q;
+		return clock;
+	}
+	floor = clock - class_slice_ns[class];
+	return (s64)(vt - floor) < 0 ? floor : vt;
+}
+
 void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 {
 	struct task_ctx *tctx = bpf_task_storage_get(&task_ctxs, p, 0, 0);
@@ -769,7 +817,10 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 		}
 	}
 
-	scx_bpf_dsq_insert_vtime(p, dsq, slice, now, enq_flags);
+	if (tctx)
+		tctx->enq_at = now;
+	scx_bpf_dsq_insert_vtime(p, dsq, slice,
+				 queue_vtime(p, tctx, class, share), enq_flags);
 
 	/* Work conservation: wake the idle CPU. */
 	if (idle >= 0) {
@@ -829,15 +880,22 @@ static bool take_share(u32 share, u32 node)
 	return false;
 }
 
-/* Is @dsq's head older than @bound and than *@oldest? Then it is the pick. */
+/*
+ * Has @dsq's head waited longer than @bound and than *@oldest? Then it is
+ * the pick.
+ */
 static __always_inline bool older(u64 dsq, u64 bound, u64 now, u64 *oldest)
 {
 	struct task_struct *head = __COMPAT_scx_bpf_dsq_peek(dsq);
+	struct task_ctx *tctx;
 	u64 waited;
 
 	if (!head)
 		return false;
-	waited = now - head->scx.dsq_vtime;
+	tctx = bpf_task_storage_get(&task_ctxs, head, 0, 0);
+	if (!tctx)
+		return false;
+	waited = now - tctx->enq_at;
 	if ((s64)waited <= (s64)bound || waited <= *oldest)
 		return false;
 	*oldest = waited;
@@ -931,13 +989,21 @@ void BPF_STRUCT_OPS(zernel_running, struct task_struct *p)
 				    tctx->burst_ns >= wake_preempt_ns);
 		cctx->started_at = now;
 	}
-	if (tctx)
-		tctx->started_at = now;
+	if (!tctx)
+		return;
+	tctx->started_at = now;
+	if (tctx->vclock < NR_VCLOCKS) {
+		u64 *clock = &vclock[tctx->vclock];
+
+		if ((s64)(p->scx.dsq_vtime - *clock) > 0)
+			*clock = p->scx.dsq_vtime;
+	}
 }
 
 /*
- * Adds the CPU time @p just used to its burst (closed when it sleeps), and
- * charges a tenant's task to its tenant.
+ * Adds the CPU time @p just used to its burst (closed when it sleeps) and
+ * to its vtime (see queue_vtime()), and charges a tenant's task to its
+ * tenant.
  */
 void BPF_STRUCT_OPS(zernel_stopping, struct task_struct *p, bool runnable)
 {
@@ -956,6 +1022,7 @@ void BPF_STRUCT_OPS(zernel_stopping, struct task_struct *p, bool runnable)
 	used = bpf_ktime_get_ns() - tctx->started_at;
 	tctx->started_at = 0;
 	tctx->burst_ns += used;
+	p->scx.dsq_vtime += used * 100 / (p->scx.weight ?: 100);
 	if (!runnable) {
 		tctx->avg_burst_ns =
 			(tctx->avg_burst_ns * 3 + tctx->burst_ns) / 4;
@@ -1097,6 +1164,7 @@ s32 BPF_STRUCT_OPS(zernel_init_task, struct task_struct *p,
 		return -ENOMEM;
 	tctx->class = default_class;
 	tctx->tenant = -1;
+	tctx->vclock = VCLOCK_NONE;
 	if (args->fork) {
 		tctx->forked = true;
 		inherit(tctx);
