@@ -4,7 +4,7 @@
 //! ```text
 //!   loop (restart on request from the BPF side):
 //!     Scheduler::init ── attach
-//!     every phase_eval_interval_ms:
+//!     every loop_interval_ms:
 //!        Observer::poll ─> rules (new/renamed threads only) ─> PhaseDetector::update
 //!          ─> PolicyConfig::decide ─> policy script (facts changed only)
 //!          ─> Decisions::apply (what changed) ─> task_class map
@@ -250,7 +250,7 @@ fn serve(
 
         // Sleep until the next pass, answering stats requests meanwhile; a
         // reload trigger ends the sleep at once.
-        let period = Duration::from_millis(pipeline.cfg.phase.phase_eval_interval_ms);
+        let period = Duration::from_millis(pipeline.cfg.phase.loop_interval_ms);
         let triggers = reloader.receiver().clone();
         until_next_pass(started, period, shutdown, |left| -> Result<bool> {
             sched.heartbeat();

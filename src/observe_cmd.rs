@@ -5,7 +5,7 @@
 //! it skips, as the daemon does).
 //!
 //! ```text
-//!   every phase.phase_eval_interval_ms:  Pipeline::pass  (observe ─> rules ─> phase ─> policy)
+//!   every phase.loop_interval_ms:        Pipeline::pass  (observe ─> rules ─> phase ─> policy)
 //!   every --interval-ms:                 collect ─> PassView ─┬─> text table (cleared on a terminal)
 //!                                                             └─> one JSON object a line (--json)
 //! ```
@@ -45,8 +45,8 @@ use crate::topology::{Topology, SYSFS_ROOT};
 /// Options of `scx_zernel observe`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct Options {
-    /// Show the table every MS milliseconds [default: phase.phase_eval_interval_ms].
-    /// Detection itself always runs at phase.phase_eval_interval_ms.
+    /// Show the table every MS milliseconds [default: phase.loop_interval_ms].
+    /// Detection itself always runs at phase.loop_interval_ms.
     #[arg(long, value_name = "MS")]
     pub interval_ms: Option<u64>,
 
@@ -339,7 +339,7 @@ pub(crate) fn render_text(v: &PassView, every_ms: u64) -> String {
 
 /// Runs passes until `opts.count` passes were shown or `shutdown` is set.
 pub fn run(cfg: Config, opts: &Options, shutdown: &AtomicBool) -> Result<()> {
-    let period = Duration::from_millis(cfg.phase.phase_eval_interval_ms);
+    let period = Duration::from_millis(cfg.phase.loop_interval_ms);
     let every = match opts.interval_ms {
         Some(0) => bail!("--interval-ms must be at least 1"),
         Some(ms) => Duration::from_millis(ms),

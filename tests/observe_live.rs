@@ -35,7 +35,7 @@ fn four_phases_on_the_right_threads_and_a_hog_stays_unknown() {
     let mut observer = Observer::new(&ObserveConfig::default());
     let mut gpu = FileProvider::new(gpu_file);
     let phase_cfg = PhaseConfig::default();
-    let period = Duration::from_millis(phase_cfg.phase_eval_interval_ms);
+    let period = Duration::from_millis(phase_cfg.loop_interval_ms);
     let mut detector = PhaseDetector::new(phase_cfg);
     let mut seen: BTreeMap<i32, Seen> = BTreeMap::new();
     let mut workers: BTreeSet<i32> = BTreeSet::new();

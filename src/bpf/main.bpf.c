@@ -244,7 +244,7 @@ static __always_inline struct zernel_stats *stats_get(void)
 	return bpf_map_lookup_elem(&stats, &zero);
 }
 
-static __always_inline void stat_cls(u32 class, u32 idx)
+static __always_inline void count_class_event(u32 class, u32 idx)
 {
 	struct zernel_stats *s = stats_get();
 
@@ -252,7 +252,7 @@ static __always_inline void stat_cls(u32 class, u32 idx)
 		s->cls[class][idx]++;
 }
 
-static __always_inline void stat_glob_add(u32 idx, u64 n)
+static __always_inline void count_event_add(u32 idx, u64 n)
 {
 	struct zernel_stats *s = stats_get();
 
@@ -260,9 +260,9 @@ static __always_inline void stat_glob_add(u32 idx, u64 n)
 		s->glob[idx] += n;
 }
 
-static __always_inline void stat_glob(u32 idx)
+static __always_inline void count_event(u32 idx)
 {
-	stat_glob_add(idx, 1);
+	count_event_add(idx, 1);
 }
 
 static __always_inline u64 dsq_id(u32 node, u32 class)
@@ -315,10 +315,10 @@ static struct task_class *inherited(struct task_ctx *tctx)
 		return NULL;
 	if (!inherit_live(tctx, bpf_ktime_get_ns())) {
 		tctx->inh_until = 0;
-		stat_glob(ZGSTAT_INHERIT_END);
+		count_event(ZGSTAT_INHERIT_END);
 		return NULL;
 	}
-	stat_glob(ZGSTAT_INHERIT_HIT);
+	count_event(ZGSTAT_INHERIT_HIT);
 	return &tctx->inh;
 }
 
@@ -344,7 +344,7 @@ static struct task_class *gpu_mark(struct task_struct *p, bool count)
 		return NULL;
 	if (count) {
 		__sync_fetch_and_add(&g->applied, 1);
-		stat_glob(ZGSTAT_GPU_HIT);
+		count_event(ZGSTAT_GPU_HIT);
 	}
 	return g;
 }
@@ -365,22 +365,22 @@ static struct task_class *lookup_decision(struct task_struct *p,
 
 	tc = bpf_map_lookup_elem(&task_class, &tid);
 	if (!tc) {
-		stat_glob(ZGSTAT_MAP_MISS);
+		count_event(ZGSTAT_MAP_MISS);
 		return no_entry(p, tctx);
 	}
 	if (tc->start_ticks != p->start_boottime / NSEC_PER_TICK) {
-		stat_glob(ZGSTAT_MAP_STALE);
+		count_event(ZGSTAT_MAP_STALE);
 		return no_entry(p, tctx);
 	}
 	if (decisions_expired()) {
-		stat_glob(ZGSTAT_MAP_EXPIRED);
+		count_event(ZGSTAT_MAP_EXPIRED);
 		return NULL;
 	}
 	/* The daemon's own decision: what was inherited is refined for good. */
 	if (tctx)
 		tctx->inh_until = 0;
 	__sync_fetch_and_add(&tc->applied, 1);
-	stat_glob(ZGSTAT_MAP_HIT);
+	count_event(ZGSTAT_MAP_HIT);
 	return tc;
 }
 
@@ -399,8 +399,8 @@ static __always_inline void note_enqueue(struct task_ctx *tctx,
 		return;
 	}
 	tctx->decided = true;
-	stat_glob(ZGSTAT_FIRST_DEC);
-	stat_glob_add(ZGSTAT_ENQ_BEFORE_DEC, tctx->enq_undecided);
+	count_event(ZGSTAT_FIRST_DEC);
+	count_event_add(ZGSTAT_ENQ_BEFORE_DEC, tctx->enq_undecided);
 }
 
 static __always_inline u32 class_of(const struct task_class *tc)
@@ -568,7 +568,7 @@ s32 BPF_STRUCT_OPS(zernel_select_cpu, struct task_struct *p, s32 prev_cpu,
 	    bpf_cpumask_test_cpu(tc->cpu, p->cpus_ptr) &&
 	    scx_bpf_test_and_clear_cpu_idle(tc->cpu)) {
 		cpu = tc->cpu;
-		stat_glob(ZGSTAT_PREF_CPU);
+		count_event(ZGSTAT_PREF_CPU);
 		goto direct;
 	}
 
@@ -576,7 +576,7 @@ s32 BPF_STRUCT_OPS(zernel_select_cpu, struct task_struct *p, s32 prev_cpu,
 	if (tc && tc->node >= 0 && tc->node < nr_nodes && numa_enabled) {
 		cpu = claim_idle_on(p, tc->node);
 		if (cpu >= 0) {
-			stat_glob(ZGSTAT_PREF_NODE);
+			count_event(ZGSTAT_PREF_NODE);
 			goto direct;
 		}
 	}
@@ -592,13 +592,13 @@ s32 BPF_STRUCT_OPS(zernel_select_cpu, struct task_struct *p, s32 prev_cpu,
 		}
 		return cpu;
 	}
-	stat_glob(node_of(cpu) == node_of(prev_cpu) ? ZGSTAT_IDLE_NEAR :
-						      ZGSTAT_IDLE_FAR);
+	count_event(node_of(cpu) == node_of(prev_cpu) ? ZGSTAT_IDLE_NEAR :
+							ZGSTAT_IDLE_FAR);
 direct:
 	scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL, slice_of(tc, class), 0);
-	stat_cls(class, ZSTAT_ENQUEUED);
+	count_class_event(class, ZSTAT_ENQUEUED);
 	note_enqueue(tctx, tc);
-	stat_cls(class, ZSTAT_DIRECT);
+	count_class_event(class, ZSTAT_DIRECT);
 	remember(tctx, class, tenant_of(tc, class));
 	return cpu;
 }
@@ -729,7 +729,7 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	slice = slice_of(tc, class);
 	tenant = tenant_of(tc, class);
 	remember(tctx, class, tenant);
-	stat_cls(class, ZSTAT_ENQUEUED);
+	count_class_event(class, ZSTAT_ENQUEUED);
 	note_enqueue(tctx, tc);
 	/*
 	 * Preempted inside migrate_disable() (SCX_OPS_ENQ_MIGRATION_DISABLED
@@ -741,7 +741,7 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	 */
 	md = is_migration_disabled(p);
 	if (md)
-		stat_glob(ZGSTAT_MIGRATION_DISABLED);
+		count_event(ZGSTAT_MIGRATION_DISABLED);
 
 	/*
 	 * A wakeup preempts a CPU that runs a lower class: no waiting a whole
@@ -755,7 +755,7 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 		if (cpu >= 0) {
 			scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL_ON | cpu, slice,
 					   enq_flags | SCX_ENQ_PREEMPT);
-			stat_cls(class, ZSTAT_PREEMPTED);
+			count_class_event(class, ZSTAT_PREEMPTED);
 			return;
 		}
 	}
@@ -775,7 +775,7 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 		idle = node != node_of(cpu) ? find_idle(p, node) : -1;
 		if (idle < 0 || node_of(idle) != node) {
 			scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL, slice, enq_flags);
-			stat_cls(class, ZSTAT_DIRECT);
+			count_class_event(class, ZSTAT_DIRECT);
 			return;
 		}
 	}
@@ -812,7 +812,7 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 		if (cpu >= 0) {
 			scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL_ON | cpu, slice,
 					   enq_flags | SCX_ENQ_PREEMPT);
-			stat_cls(class, ZSTAT_WAKE_PREEMPT);
+			count_class_event(class, ZSTAT_WAKE_PREEMPT);
 			return;
 		}
 	}
@@ -825,18 +825,18 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	/* Work conservation: wake the idle CPU. */
 	if (idle >= 0) {
 		scx_bpf_kick_cpu(idle, SCX_KICK_IDLE);
-		stat_glob(ZGSTAT_KICK);
+		count_event(ZGSTAT_KICK);
 	}
 }
 
 /* Moves the head of @dsq to this CPU; counts it for @class. */
-static __always_inline bool take(u64 dsq, u32 class, u32 stat)
+static __always_inline bool dispatch_from(u64 dsq, u32 class, u32 stat)
 {
 	if (!scx_bpf_dsq_move_to_local(dsq, 0))
 		return false;
-	stat_cls(class, ZSTAT_DISPATCHED);
+	count_class_event(class, ZSTAT_DISPATCHED);
 	if (stat < ZSTAT_CLASS_NR)
-		stat_cls(class, stat);
+		count_class_event(class, stat);
 	return true;
 }
 
@@ -866,14 +866,15 @@ static s32 pick_share(u32 node)
 }
 
 /* Moves the head of @share's highest class queue to this CPU. */
-static bool take_share(u32 share, u32 node)
+static bool dispatch_share(u32 share, u32 node)
 {
 	u32 c;
 
 	bpf_for(c, ZCLASS_ML, ZCLASS_NR) {
-		if (take(share_dsq(share, node, c), c, ZSTAT_CLASS_NR)) {
+		if (dispatch_from(share_dsq(share, node, c), c,
+				  ZSTAT_CLASS_NR)) {
 			if (share < nr_tenants)
-				stat_glob(ZGSTAT_TENANT_DISP);
+				count_event(ZGSTAT_TENANT_DISP);
 			return true;
 		}
 	}
@@ -942,18 +943,18 @@ void BPF_STRUCT_OPS(zernel_dispatch, s32 cpu, struct task_struct *prev)
 	}
 	if (!found)
 		next_starve_scan = now + starve_ns / 8;
-	if (found && take(starved, starved_class, ZSTAT_STARVED))
+	if (found && dispatch_from(starved, starved_class, ZSTAT_STARVED))
 		return;
 
 classes:
 	/* 2. This node's latency queue: above all shares. */
-	if (take(dsq_id(mynode, ZCLASS_LATENCY), ZCLASS_LATENCY,
-		 ZSTAT_CLASS_NR))
+	if (dispatch_from(dsq_id(mynode, ZCLASS_LATENCY), ZCLASS_LATENCY,
+			  ZSTAT_CLASS_NR))
 		return;
 
 	/* 3. Shares: the one with queued work and the lowest vtime. */
 	sh = pick_share(mynode);
-	if (sh >= 0 && take_share(sh, mynode))
+	if (sh >= 0 && dispatch_share(sh, mynode))
 		return;
 
 	/*
@@ -965,8 +966,8 @@ classes:
 		if (n == mynode || !node_saturated(n))
 			continue;
 		bpf_for(c, 0, ZCLASS_NR) {
-			if (take(dsq_id(n, c), c, ZSTAT_CLASS_NR)) {
-				stat_glob(ZGSTAT_STEAL);
+			if (dispatch_from(dsq_id(n, c), c, ZSTAT_CLASS_NR)) {
+				count_event(ZGSTAT_STEAL);
 				return;
 			}
 		}
@@ -1059,7 +1060,7 @@ void BPF_STRUCT_OPS(zernel_cpu_release, s32 cpu,
 		    struct scx_cpu_release_args *args)
 {
 	scx_bpf_reenqueue_local();
-	stat_glob(ZGSTAT_CPU_TAKEN);
+	count_event(ZGSTAT_CPU_TAKEN);
 }
 
 SEC("?tp_btf/sched_switch")
@@ -1069,7 +1070,7 @@ int BPF_PROG(zernel_rt_takes_cpu, bool preempt, struct task_struct *prev,
 	if (next->prio >= ZERNEL_MAX_RT_PRIO)
 		return 0;
 	if (!scx_bpf_reenqueue_local_from_anywhere())
-		stat_glob(ZGSTAT_CPU_TAKEN);
+		count_event(ZGSTAT_CPU_TAKEN);
 	return 0;
 }
 
@@ -1150,7 +1151,7 @@ static void inherit(struct task_ctx *tctx)
 	tctx->inh.flags = 0;
 	tctx->inh.slice_ns = 0;
 	tctx->inh_until = until;
-	stat_glob(ZGSTAT_INHERITED);
+	count_event(ZGSTAT_INHERITED);
 }
 
 s32 BPF_STRUCT_OPS(zernel_init_task, struct task_struct *p,
@@ -1185,7 +1186,7 @@ static __always_inline void send_event(u32 kind, struct task_struct *p,
 
 	ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
 	if (!ev) {
-		stat_glob(ZGSTAT_EVENT_LOST);
+		count_event(ZGSTAT_EVENT_LOST);
 		return;
 	}
 	ev->kind = kind;
@@ -1240,7 +1241,7 @@ static __always_inline void gpu_open(u32 rdev)
 		return;
 	if (bpf_map_update_elem(&gpu_procs, &tgid, &mark, BPF_ANY))
 		return;
-	stat_glob(ZGSTAT_GPU_OPEN);
+	count_event(ZGSTAT_GPU_OPEN);
 	send_event(ZEV_GPU_OPEN, cur, mark.start_ticks, major, minor, 0);
 }
 
@@ -1310,7 +1311,7 @@ void BPF_STRUCT_OPS(zernel_exit_task, struct task_struct *p,
 	u32 tid = p->pid;
 
 	if (!bpf_map_delete_elem(&task_class, &tid))
-		stat_glob(ZGSTAT_EXIT_DEL);
+		count_event(ZGSTAT_EXIT_DEL);
 }
 
 s32 BPF_STRUCT_OPS_SLEEPABLE(zernel_init)

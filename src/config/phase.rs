@@ -10,8 +10,10 @@ use serde::{Deserialize, Serialize};
 pub struct PhaseConfig {
     /// Period (ms) of the daemon's observe -> phase -> policy loop. Samples
     /// covering less than half of it (a poll right after another) are too
-    /// short to judge and are ignored.
-    pub phase_eval_interval_ms: u64,
+    /// short to judge and are ignored. `phase_eval_interval_ms`, its older
+    /// name, is read too.
+    #[serde(alias = "phase_eval_interval_ms")]
+    pub loop_interval_ms: u64,
     /// A new phase must be the candidate this many consecutive intervals
     /// before it is adopted.
     pub phase_stability_count: u32,
@@ -45,7 +47,7 @@ pub struct PhaseConfig {
 impl Default for PhaseConfig {
     fn default() -> Self {
         PhaseConfig {
-            phase_eval_interval_ms: 100,
+            loop_interval_ms: 100,
             phase_stability_count: 2,
             gpu_busy_util_pct: 30,
             gpu_idle_util_pct: 10,
@@ -69,8 +71,8 @@ impl PhaseConfig {
                 Err(format!("phase.{key} must be within 0.0..=1.0"))
             }
         };
-        if !(10..=60_000).contains(&self.phase_eval_interval_ms) {
-            return Err("phase.phase_eval_interval_ms must be within 10..=60000".into());
+        if !(10..=60_000).contains(&self.loop_interval_ms) {
+            return Err("phase.loop_interval_ms must be within 10..=60000".into());
         }
         if self.phase_stability_count < 1 {
             return Err("phase.phase_stability_count must be >= 1".into());

@@ -1,7 +1,7 @@
 //! The /proc observer: which processes are ML jobs, what each of their
 //! threads is for, and what each thread did since the previous pass.
 //!
-//! The daemon calls [`Observer::poll`] every `phase.phase_eval_interval_ms`
+//! The daemon calls [`Observer::poll`] every `phase.loop_interval_ms`
 //! (100 ms by default), right after refreshing its
 //! [`GpuProvider`](crate::gpu::GpuProvider). A pass turns /proc and the GPU
 //! data into a [`Snapshot`]; it knows nothing of phases, policies or BPF.

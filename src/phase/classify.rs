@@ -49,7 +49,7 @@ pub fn classify(t: &ThreadView, p: &ProcessView, cfg: &PhaseConfig) -> Option<Ph
     }
     let d = t.delta?;
     // Too short to judge (a poll right after another).
-    if d.interval_ns < cfg.phase_eval_interval_ms * 1_000_000 / 2 {
+    if d.interval_ns < cfg.loop_interval_ms * 1_000_000 / 2 {
         return None;
     }
     let busy = d.busy_frac();

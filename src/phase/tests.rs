@@ -275,10 +275,13 @@ fn config_validation_names_the_key() {
     assert!(c.validate().unwrap_err().contains("phase.nccl_min_busy_frac"));
     let c = PhaseConfig { nccl_min_switches_per_sec: f64::NAN, ..Default::default() };
     assert!(c.validate().unwrap_err().contains("phase.nccl_min_switches_per_sec"));
-    let c = PhaseConfig { phase_eval_interval_ms: 0, ..Default::default() };
-    assert!(c.validate().unwrap_err().contains("phase.phase_eval_interval_ms"));
+    let c = PhaseConfig { loop_interval_ms: 0, ..Default::default() };
+    assert!(c.validate().unwrap_err().contains("phase.loop_interval_ms"));
     let parsed: PhaseConfig = toml::from_str("phase_stability_count = 4").unwrap();
     assert_eq!(parsed.phase_stability_count, 4);
     assert_eq!(parsed.gpu_busy_util_pct, 30);
     assert!(toml::from_str::<PhaseConfig>("phase_stabilty_count = 4").is_err());
+    // The loop period's older name still reads, as the same key.
+    let parsed: PhaseConfig = toml::from_str("phase_eval_interval_ms = 250").unwrap();
+    assert_eq!(parsed.loop_interval_ms, 250);
 }

@@ -20,7 +20,7 @@
 #  C  nccl_min_busy_frac = 1.0 (the NCCL thread spins 2 ms in 3): no entry
 #     for it; the trainer still gets both its phases.
 #  D  phase_stability_count = 1000 (100 s at 100 ms): nothing is adopted.
-#  E  phase_eval_interval_ms = 5000: the reader's first entry comes two
+#  E  loop_interval_ms = 5000: the reader's first entry comes two
 #     intervals or more (10-15 s) after the daemon's first pass (a sample
 #     pair, then stability). The first pass can precede the moment the attach is seen
 #     here by the time one poll takes on a loaded host, so: >= 7 s after
@@ -86,10 +86,10 @@ check "D: phase_stability_count = 1000: no entry for NCCL Progress 0" run_none D
 check "D: phase_stability_count = 1000: no entry for the worker" run_none D pt_multiprocess
 check "D: the reader holds only the rule's class (no DataLoading phase)" run_none D "zt_read ml"
 
-run E 30 "phase_eval_interval_ms = 5000" || finish
-echo "reader's first entry after attach: $(cat "$W/A.first") s with phase_eval_interval_ms = 100, $(cat "$W/E.first") s with 5000"
+run E 30 "loop_interval_ms = 5000" || finish
+echo "reader's first entry after attach: $(cat "$W/A.first") s with loop_interval_ms = 100, $(cat "$W/E.first") s with 5000"
 first_ok() { awk -v a="$(cat "$W/A.first")" -v e="$(cat "$W/E.first")" 'BEGIN { exit !(a != "none" && e != "none" && e >= 7 && e >= a + 5) }'; }
-check "E: phase_eval_interval_ms = 5000: the first entry >= 7 s after attach, >= 5 s later than at 100 ms" first_ok
+check "E: loop_interval_ms = 5000: the first entry >= 7 s after attach, >= 5 s later than at 100 ms" first_ok
 
 kill "$train" "$reader" 2>/dev/null; wait "$train" "$reader" 2>/dev/null
 check "dmesg is clean" dmesg_clean
