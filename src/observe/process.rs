@@ -218,7 +218,7 @@ impl ProcEntry {
         if !p.view.kernel_thread {
             p.read_program(ctx);
             p.read_environ(ctx, s.matcher);
-            p.scan_evidence(ctx, s.matcher);
+            p.scan_evidence(ctx, s.matcher, "discovery");
         }
         Ok(p)
     }
@@ -293,7 +293,8 @@ impl ProcEntry {
     }
 
     /// fds and maps.
-    fn scan_evidence(&mut self, ctx: &mut PassCtx, matcher: &EvidenceMatcher) {
+    fn scan_evidence(&mut self, ctx: &mut PassCtx, matcher: &EvidenceMatcher, why: &str) {
+        tracing::debug!(pid = self.view.pid, comm = %self.view.comm, why, "observe: evidence scan");
         let dir = proc_dir(ctx.root, self.view.pid);
         let mut found = matcher.scan_fds(&dir, ctx.buf);
         if ctx.buf.read_path(&dir.join("maps")).is_ok() {
@@ -387,11 +388,11 @@ impl ProcEntry {
             }
             self.read_identity(ctx);
             self.read_environ(ctx, s.matcher);
-            self.scan_evidence(ctx, s.matcher);
+            self.scan_evidence(ctx, s.matcher, if exe_changed { "exec" } else { "new arguments" });
         } else if renamed && ctx.now.saturating_duration_since(self.last_scan) >= s.evidence_interval {
             // A renamed program (e.g. Python naming itself after importing
             // torch) may have mapped GPU libraries meanwhile.
-            self.scan_evidence(ctx, s.matcher);
+            self.scan_evidence(ctx, s.matcher, "renamed");
         }
         if rescan_due {
             if self.read_cgroup(ctx) {
@@ -400,7 +401,7 @@ impl ProcEntry {
             let vsize_changed = self.vsize != self.vsize_at_scan;
             let scan_due = ctx.now.saturating_duration_since(self.last_scan) >= s.evidence_interval;
             if !self.view.ml && vsize_changed && scan_due {
-                self.scan_evidence(ctx, s.matcher);
+                self.scan_evidence(ctx, s.matcher, "mappings changed");
             }
         }
         Ok(())

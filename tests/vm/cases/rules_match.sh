@@ -20,6 +20,12 @@ ensure_user nobody 65534 65534 nogroup
 ensure_user ztgid 4243 4242 ztgrp
 mkdir -p /sys/fs/cgroup/zt_rules
 cat >/tmp/rm.toml <<'TOML'
+# The rule-made ML reader must read into DataLoading however slow this guest
+# runs (its reads slow down with a loaded host): the phase thresholds are
+# phase_keys' subject, not this case's.
+[phase]
+inproc_load_min_read_bytes_per_sec = 1048576
+
 [[rules]]
 name = "by command line"
 cmdline = "--name zt_cmd "
