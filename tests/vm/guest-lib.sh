@@ -277,6 +277,9 @@ tids_by_comm() {
 # schedstat, fields 1 and 2): the kernel's own account, which a slow host
 # does not distort as a share of wall-clock time would.
 schedstat_of() { cut -d' ' -f1,2 "/proc/$1/task/$2/schedstat"; }
+# stat_of PID FIELD : field FIELD of /proc/PID/stat, numbered as in proc(5)
+# (3 = state, 19 = nice, 39 = processor, 41 = policy). PID may be PID/task/TID.
+stat_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f$(($2 - 2)); }
 # run_pct "BEFORE" "AFTER" : the share of its runnable time the thread spent
 # on a CPU between two schedstat_of readings, in %.
 run_pct() {

@@ -48,7 +48,7 @@ held_low() { [ "$(ztask "$low" class)" = batch ]; }
 wait_until 20 held_low
 assert_eq "the kernel holds batch for zt_low (pinned to CPU 0)" "$(ztask "$low" class)" batch
 
-cpu_of() { sed 's/.*) //' "/proc/$ml/stat" | cut -d' ' -f37; }
+cpu_of() { stat_of "$ml" 39; }
 # share SECS : the share of its runnable time zt_ml spent on a CPU over
 # SECS s, in %, from the kernel's schedstat (time on a CPU, time waiting
 # for one): waiting behind the RT task shows as waiting, however slow the

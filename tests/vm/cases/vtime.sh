@@ -39,8 +39,6 @@ sched_sum() {
 }
 # field N of "A B C" (1-based)
 field() { echo "$1" | cut -d' ' -f"$2"; }
-# stat_of PID FIELD : field FIELD of /proc/PID/stat, counted from the state (3).
-stat_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f$(($2 - 2)); }
 
 # ---- 1. sleeper credit -------------------------------------------------------
 stress-ng --cpu 6 --timeout 300s --quiet --temp-path /tmp &
