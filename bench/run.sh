@@ -30,8 +30,11 @@
 #                  than beside hogs, whatever the scheduler does), and a vCPU
 #                  that holds a lock can be descheduled while others spin on
 #                  it, which BPF run times count
-#   --timeout S    VM wall-clock limit (default 1200 s with --short, else
-#                  600 + 1200 s per rep)
+#   --timeout S    VM wall-clock limit, a backstop against a hung guest
+#                  (default 2400 s with --short, else 1200 + 1200 s per rep:
+#                  PyTorch's start alone took 564 s under TCG beside a host
+#                  CPU hog, where 1200 s cut a short run off at its last
+#                  scheduler)
 #
 # Steps:
 #   1. `cargo build --release --workspace --bins` (scx_zernel,
@@ -105,7 +108,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$REPS" ] || REPS=$(( SHORT ? 1 : 3 ))
 [[ $REPS =~ ^[1-9][0-9]*$ ]] || die "--reps takes a positive integer"
-[ -n "$TIMEOUT" ] || TIMEOUT=$(( SHORT ? 1200 : 600 + 1200 * REPS ))
+[ -n "$TIMEOUT" ] || TIMEOUT=$(( SHORT ? 2400 : 1200 + 1200 * REPS ))
 [[ $TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "--timeout takes a positive integer"
 [[ $SMP =~ ^[1-9][0-9]*$ ]] || die "--smp takes a positive integer"
 PARTIAL=0
