@@ -5,7 +5,7 @@
 # what reaches the kernel. Three in-process loaders (zernel-workload reader:
 # a thread reading fast, so an ML process's thread is in DataLoading, class
 # ml) hold a fake GPU device (/dev/zt_gpu0, made a device by
-# ml_device_prefixes): zt_low at a low fd from the start, zt_high at fd 40
+# ml_device_prefixes): zt_low at low fds from its exec on, zt_high at fd 40
 # from the start, zt_late at a low fd only once the daemon has looked at it
 # (with a new mapping, as a program initialising a GPU does). zt_late starts
 # first; the daemon finds new processes in PID order, so once zt_low or
@@ -31,7 +31,11 @@ start_all() {
   rm -f /tmp/zt_late.go
   zernel-workload reader --name zt_late --secs $S --open /dev/zt_gpu0 --open-when /tmp/zt_late.go >/tmp/zt_late.out &
   late=$!
-  zernel-workload reader --name zt_low --secs $S --open /dev/zt_gpu0 >/tmp/zt_low.out &
+  # The shell opens the device for zt_low before the exec (fd 3), so the
+  # daemon's scan at the exec sees it however soon it comes: the reader's
+  # own open may come after that scan on a slow host, and in run 2 no
+  # other scan comes for 10 min.
+  zernel-workload reader --name zt_low --secs $S --open /dev/zt_gpu0 >/tmp/zt_low.out 3</dev/zt_gpu0 &
   low=$!
   zernel-workload reader --name zt_high --secs $S --open /dev/zt_gpu0 --fd 40 >/tmp/zt_high.out &
   high=$!
