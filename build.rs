@@ -1,4 +1,5 @@
-// Compiles src/bpf/main.bpf.c into a libbpf-rs skeleton and generates the
+// Compiles src/bpf/main.bpf.c (the scheduler) and src/bpf/threads.bpf.c
+// (the observer's task iterator) into libbpf-rs skeletons and generates the
 // Rust bindings for the structs and constants shared through src/bpf/intf.h.
 // Also records the commit built (ZERNEL_GIT_SHA, empty outside a git
 // checkout) for the version banner.
@@ -32,4 +33,7 @@ fn main() {
         .enable_skel("src/bpf/main.bpf.c", "bpf")
         .build()
         .unwrap();
+    // The observer's task iterator: an object of its own, loadable on a
+    // kernel without sched_ext.
+    scx_cargo::BpfBuilder::new().unwrap().enable_skel("src/bpf/threads.bpf.c", "threads").build().unwrap();
 }

@@ -26,6 +26,13 @@
 //! script's figures alone, `-- --events-only` for the process-events
 //! figures alone.
 //!
+//! Thread counters (`-- --counters-only` alone): the pass time and the
+//! loop's CPU, process events on, with no workload and with 2,000 threads
+//! of an ML and of a non-ML process, with ML threads' counters from the
+//! kernel's task iterator (`thread_counters = "kernel"`, needs root) and
+//! from /proc, side by side in one run; with the quiet tier and without
+//! (every thread sampled every pass, as a job's named threads are).
+//!
 //! Process events: the pass time and the loop's CPU with 2,000 threads and
 //! no new processes, with /proc listed whenever /proc/loadavg moved (as
 //! `scx_zernel observe` does) and with the kernel's process events on (as
@@ -46,7 +53,8 @@ use scx_zernel::class::Class;
 use scx_zernel::config::Config;
 use scx_zernel::decisions::{DecisionSink, Decisions};
 use scx_zernel::gpu::NoGpu;
-use scx_zernel::observe::{MlEvidence, ObserveConfig, Observer, ThreadRole};
+use scx_zernel::observe::taskiter::{self, TaskIter};
+use scx_zernel::observe::{MlEvidence, ObserveConfig, Observer, ThreadCounters, ThreadRole};
 use scx_zernel::phase::Phase;
 use scx_zernel::pipeline::Pipeline;
 use scx_zernel::policy::Decision;
@@ -279,12 +287,18 @@ fn main() {
     let cpu_only = std::env::args().any(|a| a == "--cpu-only");
     let script_only = std::env::args().any(|a| a == "--script-only");
     let events_only = std::env::args().any(|a| a == "--events-only");
+    let counters_only = std::env::args().any(|a| a == "--counters-only");
     let (passes, cpu_secs) = if quick { (20, 3) } else { (50, 30) };
     let cfg = ObserveConfig::default();
     let no_tier = ObserveConfig { quiet_sample_interval_ms: 0, ..ObserveConfig::default() };
 
     if events_only {
         events_figures(&cfg, passes, cpu_secs);
+        return;
+    }
+    if counters_only {
+        counters_figures(&cfg, passes, cpu_secs);
+        counters_figures(&no_tier, passes, cpu_secs);
         return;
     }
     script_figures();
@@ -298,6 +312,73 @@ fn main() {
     cpu_figures(&cfg, &no_tier, cpu_secs);
     script_cpu(&cfg, cpu_secs);
     events_figures(&cfg, passes, cpu_secs);
+    counters_figures(&cfg, passes, cpu_secs);
+    counters_figures(&no_tier, passes, cpu_secs);
+}
+
+/// Pass time and the daemon loop's CPU (process events on, as attached)
+/// with ML threads' counters from the kernel's task iterator and from
+/// /proc, alternating, for no workload and 2,000 threads.
+fn counters_figures(cfg: &ObserveConfig, passes: usize, cpu_secs: u64) {
+    let kernel = ObserveConfig { thread_counters: ThreadCounters::Kernel, ..cfg.clone() };
+    let proc = ObserveConfig { thread_counters: ThreadCounters::Proc, ..cfg.clone() };
+    let have_iter = Observer::new(&kernel).thread_counters() == ThreadCounters::Kernel;
+    println!(
+        "\nthread counters: kernel task iterator vs /proc (process events on{}), {passes} passes, {cpu_secs} s at 100 ms{}",
+        if cfg.quiet_sample_interval_ms == 0 { ", no quiet tier: every thread sampled every pass" } else { "" },
+        if have_iter { "" } else { " -- NO TASK ITERATOR HERE (not root?): both rows are /proc" }
+    );
+    println!(
+        "{:<34} {:>12} {:>12} {:>10} {:>10} {:>8}",
+        "case", "pass kernel", "pass /proc", "CPU kernel", "CPU /proc", "ratio"
+    );
+    if have_iter {
+        // The read alone: every thread's record, as a pass gets it.
+        let w = spawn(2000, true);
+        let it = TaskIter::load().expect("loaded above");
+        let link = it.attach(w.0.id() as i32).expect("attaching to the workload");
+        let (mut buf, mut recs) = (Vec::new(), Vec::new());
+        taskiter::read(&link, &mut buf, &mut recs).expect("reading");
+        let reads = 200;
+        let (t0, c0) = (Instant::now(), cpu_time());
+        for _ in 0..reads {
+            taskiter::read(&link, &mut buf, &mut recs).expect("reading");
+        }
+        let (wall, cpu) = (t0.elapsed().as_secs_f64() / reads as f64, (cpu_time() - c0).as_secs_f64() / reads as f64);
+        println!(
+            "task iterator read of {} threads: {:.0} us of CPU per read ({:.0} ns per thread; {:.0} us wall)",
+            recs.len(),
+            cpu * 1e6,
+            cpu * 1e9 / recs.len() as f64,
+            wall * 1e6
+        );
+    }
+    for (name, n, ml) in [
+        ("host baseline (no workload)", 0, false),
+        ("(g) ML process, 2000 threads", 2000, true),
+        ("(h) non-ML process, 2000 threads", 2000, false),
+    ] {
+        let _w = (n > 0).then(|| spawn(n, ml));
+        std::thread::sleep(Duration::from_millis(300));
+        let (pk, pp) = (time_passes_with(&kernel, passes, true), time_passes_with(&proc, passes, true));
+        if ml {
+            assert!(
+                pk.ml_threads > n && pp.ml_threads > n,
+                "the workload should be ML: {} / {}",
+                pk.ml_threads,
+                pp.ml_threads
+            );
+        }
+        // Alternated, twice each: the host's load moves.
+        let mut ck = Vec::new();
+        let mut cp = Vec::new();
+        for _ in 0..2 {
+            ck.push(daemon_cpu_events(&kernel, "", cpu_secs / 2, true).0);
+            cp.push(daemon_cpu_events(&proc, "", cpu_secs / 2, true).0);
+        }
+        let (ck, cp) = (ck.iter().sum::<f64>() / 2.0, cp.iter().sum::<f64>() / 2.0);
+        println!("{name:<34} {:>10.3}ms {:>10.3}ms {ck:>8.2} % {cp:>8.2} % {:>8.2}", pk.median, pp.median, ck / cp);
+    }
 }
 
 fn pass_times(cfg: &ObserveConfig, no_tier: &ObserveConfig, passes: usize) {

@@ -50,3 +50,8 @@ pub mod bpf_intf {
 mod bpf_skel {
     include!(concat!(env!("OUT_DIR"), "/bpf_skel.rs"));
 }
+
+#[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all)]
+mod threads_skel {
+    include!(concat!(env!("OUT_DIR"), "/threads_skel.rs"));
+}

@@ -1,8 +1,10 @@
 //! Live test of the observer and the phase detector on this host: runs
 //! `zernel-workload train` (with the file GPU provider) next to a plain
 //! shell busy loop, and checks that each of the four ML phases is detected
-//! on the thread that does that work, and nowhere else. Needs neither root
-//! nor sched_ext.
+//! on the thread that does that work, and nowhere else, once with each
+//! source of thread counters: the kernel's task iterator (as root, which it
+//! needs: the test asserts it is the one used) and /proc. Needs no
+//! sched_ext.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -12,7 +14,7 @@ mod common;
 use common::{spawn_shell_loop, spawn_train, TempDir};
 use scx_zernel::config::PhaseConfig;
 use scx_zernel::gpu::{FileProvider, GpuProvider};
-use scx_zernel::observe::{MlEvidence, ObserveConfig, Observer, ThreadRole};
+use scx_zernel::observe::{MlEvidence, ObserveConfig, Observer, ThreadCounters, ThreadRole};
 use scx_zernel::phase::{Phase, PhaseDetector};
 
 /// What we saw of one thread.
@@ -25,14 +27,31 @@ struct Seen {
 }
 
 #[test]
-fn four_phases_on_the_right_threads_and_a_hog_stays_unknown() {
-    let dir = TempDir::new("observe-live");
+fn four_phases_on_the_right_threads_with_kernel_counters() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("four_phases_on_the_right_threads_with_kernel_counters: skipped (the task iterator needs root)");
+        return;
+    }
+    four_phases(ThreadCounters::Kernel);
+}
+
+#[test]
+fn four_phases_on_the_right_threads_with_proc_counters() {
+    four_phases(ThreadCounters::Proc);
+}
+
+/// The four phases on the right threads and a hog that stays Unknown,
+/// with `thread_counters = counters` (which the observer must use).
+fn four_phases(counters: ThreadCounters) {
+    let dir = TempDir::new(&format!("observe-live-{counters:?}"));
     let gpu_file = dir.0.join("gpu.json");
     let train = spawn_train(&gpu_file, &dir.0, 40);
     let hog = spawn_shell_loop();
     let (train_pid, hog_pid) = (train.0.id() as i32, hog.0.id() as i32);
 
-    let mut observer = Observer::new(&ObserveConfig::default());
+    let mut observer = Observer::new(&ObserveConfig { thread_counters: counters, ..ObserveConfig::default() });
+    assert_eq!(observer.thread_counters(), counters, "the observer reads ML threads' counters from {counters:?}");
     let mut gpu = FileProvider::new(gpu_file);
     let phase_cfg = PhaseConfig::default();
     let period = Duration::from_millis(phase_cfg.loop_interval_ms);

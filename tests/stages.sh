@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.." || exit 1
 
 # Earliest first.
 stages=(
-  "class bpf_intf bpf_skel events logging" # shared with BPF, and the log set-up
+  "class bpf_intf bpf_skel threads_skel events logging" # shared with BPF, and the log set-up
   "config rules tenants"                   # the file, and the rules and tenants compiled from it
   "devices gpu topology"                   # the machine: inputs of the observer and of the map
   "observe"

@@ -119,6 +119,26 @@ enum zernel_global_stat {
 	ZGSTAT_NR,
 };
 
+/*
+ * One thread's counters, as the observer's task iterator (threads.bpf.c)
+ * writes them: what /proc/<pid>/task/<tid>/{schedstat,stat,status,io}
+ * show, for every thread of one process in one read().
+ */
+struct zernel_thread_rec {
+	u32 tid;
+	u32 tgid;
+	s32 cpu; /* CPU it last ran on (stat 39), -1 = unknown */
+	u32 pad;
+	u64 start_ticks; /* USER_HZ ticks since boot (stat 22) */
+	u64 cpu_ns;	 /* schedstat 1: CPU time */
+	u64 runq_ns;	 /* schedstat 2: time runnable, waiting */
+	u64 slices;	 /* schedstat 3: times it got a CPU */
+	u64 nvcsw;	 /* status: voluntary_ctxt_switches */
+	u64 nivcsw;	 /* status: nonvoluntary_ctxt_switches */
+	u64 rchar;	 /* io: rchar (0 without task I/O accounting) */
+	char comm[16];	 /* comm, NUL-terminated (TASK_COMM_LEN) */
+};
+
 /* Ring buffer events (the `events` map), BPF to the daemon. */
 enum zernel_event_kind {
 	ZEV_GPU_OPEN = 1,  /* a process opened a GPU device (first time) */

@@ -30,7 +30,7 @@ mod source;
 mod topology;
 
 pub use gpu::{GpuConfig, ProviderKind};
-pub use observe::ObserveConfig;
+pub use observe::{ObserveConfig, ThreadCounters};
 pub use phase::PhaseConfig;
 pub use policy::{PhasePolicy, PolicyConfig};
 pub(crate) use source::{stamp, Stamp};

@@ -2,6 +2,19 @@
 
 use serde::{Deserialize, Serialize};
 
+/// `[observe] thread_counters`: where the counters of ML processes'
+/// threads come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ThreadCounters {
+    /// A BPF task iterator (one read per process per pass) when it loads
+    /// (kernel 6.1+ with BTF, root, the initial pid namespace); else /proc.
+    Kernel,
+    /// /proc/<pid>/task/<tid>/ files, per thread.
+    #[default]
+    Proc,
+}
+
 /// The `[observe]` section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -42,6 +55,17 @@ pub struct ObserveConfig {
     /// large idle pools. Threads with a known role (trainer, loaders,
     /// NCCL...) are sampled every pass.
     pub quiet_sample_interval_ms: u64,
+    /// Where the counters of ML processes' threads come from: "proc" (a
+    /// schedstat read per sampled thread per pass, stat, status and io for
+    /// active ones) or "kernel" (a BPF task iterator: every thread of a
+    /// process in one read per pass, so a held-back quiet thread is sampled
+    /// in the first pass it was active in, whatever
+    /// `quiet_sample_interval_ms`; /proc, with one log line, where it
+    /// cannot be loaded or `proc_root` is not /proc). The read costs about
+    /// 250 ns per thread, every pass: less than /proc when most threads are
+    /// sampled every pass (a job's named threads, or no quiet tier), more
+    /// for a large pool of mostly idle threads, which /proc holds back.
+    pub thread_counters: ThreadCounters,
     /// How many generations of descendants of an ML process are ML too
     /// (DataLoader workers are children). 0: no inheritance.
     pub ml_inherit_depth: u32,
@@ -71,6 +95,7 @@ impl Default for ObserveConfig {
             max_cached_fds: 32768,
             active_busy_frac: 0.01,
             quiet_sample_interval_ms: 500,
+            thread_counters: ThreadCounters::Proc,
             ml_inherit_depth: 4,
             ml_device_prefixes: s(&["/dev/nvidia", "/dev/kfd", "/dev/dri/renderD"]),
             ml_libraries: s(&["libcuda.so", "libcudart", "libtorch_cuda", "libamdhip64"]),

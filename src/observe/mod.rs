@@ -60,7 +60,13 @@
 //!   threads whose view changed since the previous pass.
 //! * Threads of ML processes cost one schedstat pread per pass (~1.5 µs);
 //!   only threads that were runnable ≥ `active_busy_frac` of the interval
-//!   also get stat, status and io (~20 µs).
+//!   also get stat, status and io (~20 µs). With the kernel's task
+//!   iterator (taskiter.rs; `thread_counters = "kernel"`, where it loads;
+//!   ~250 ns per thread per read, every thread every pass) all of that is one read() per ML process per pass
+//!   returning a binary record per thread, which also lists the threads
+//!   (no task/ readdir) and names them (no comm reads); a held-back
+//!   thread is sampled as soon as its record shows it was active since
+//!   the previous pass, and no process CPU-time check is needed.
 //! * Pool threads (role Other) quiet for a second are held back: every
 //!   `quiet_sample_interval_ms` the process's own stat (its CPU time, all
 //!   threads summed by the kernel) is compared with what the samples since
@@ -116,6 +122,7 @@ mod evidence;
 mod process;
 mod procfile;
 mod roles;
+pub mod taskiter;
 mod thread;
 mod types;
 
@@ -131,7 +138,7 @@ use std::time::{Duration, Instant};
 
 use procfs::FromRead;
 
-pub use crate::config::ObserveConfig;
+pub use crate::config::{ObserveConfig, ThreadCounters};
 pub use evidence::resolve_visible_devices;
 pub use roles::{role_from_name, thread_role};
 pub use types::*;
@@ -141,6 +148,7 @@ use crate::gpu::GpuProvider;
 use evidence::{is_multiprocessing_child, is_python, EvidenceMatcher};
 use process::{ProcEntry, ProcSettings};
 use procfile::{DirFile, FdBudget, ProcFile, ReadBuf};
+use taskiter::{TaskIter, ThreadRec};
 use thread::PassCtx;
 
 /// Reads /proc (and the GPU provider) into [`Snapshot`]s.
@@ -182,6 +190,10 @@ pub struct Observer {
     /// Process events taken, and listings of /proc, since start.
     events_taken: u64,
     listings: u64,
+    /// The kernel's task iterator (taskiter.rs), when loaded.
+    iter: Option<TaskIter>,
+    iter_buf: Vec<u8>,
+    recs: Vec<ThreadRec>,
 }
 
 /// With the kernel's process events, /proc is listed (a reconciliation:
@@ -233,6 +245,19 @@ impl Observer {
             told_exit: Vec::new(),
             events_taken: 0,
             listings: 0,
+            iter: load_task_iter(cfg),
+            iter_buf: Vec::new(),
+            recs: Vec::new(),
+        }
+    }
+
+    /// Where the counters of ML threads come from: "kernel" (the task
+    /// iterator) or "proc".
+    pub fn thread_counters(&self) -> ThreadCounters {
+        if self.iter.is_some() {
+            ThreadCounters::Kernel
+        } else {
+            ThreadCounters::Proc
         }
     }
 
@@ -416,6 +441,9 @@ impl Observer {
             active_busy_frac: self.active_busy_frac,
             quiet_interval: self.quiet_interval,
             name_interval_max: self.name_interval,
+            iter: self.iter.as_ref(),
+            iter_buf: &mut self.iter_buf,
+            recs: &mut self.recs,
         };
         let (procs, tids) = (&mut self.procs, &mut self.tids);
 
@@ -461,10 +489,7 @@ impl Observer {
         // that the next pass has deltas.
         for pid in newly_ml {
             if let Some(p) = procs.get_mut(&pid) {
-                for t in &mut p.threads {
-                    let _ = t.sample(&mut ctx);
-                    t.view.delta = None;
-                }
+                p.sample_baseline(&mut ctx, &mut gone);
             }
         }
         self.finish(start, elapsed, gone, gpu)
@@ -516,6 +541,25 @@ impl Observer {
         snap.threads.truncate(k);
         snap.pass_ns = start.elapsed().as_nanos() as u64;
         &self.snap
+    }
+}
+
+/// The task iterator, with `thread_counters = "kernel"` on the real /proc;
+/// one log line either way.
+fn load_task_iter(cfg: &ObserveConfig) -> Option<TaskIter> {
+    if cfg.thread_counters != ThreadCounters::Kernel || cfg.proc_root != "/proc" {
+        tracing::info!("observe: ML threads' counters from /proc");
+        return None;
+    }
+    match TaskIter::load() {
+        Ok(it) => {
+            tracing::info!("observe: ML threads' counters from the kernel (BPF task iterator, one read per process)");
+            Some(it)
+        }
+        Err(e) => {
+            tracing::info!("observe: ML threads' counters from /proc: no BPF task iterator ({e:#})");
+            None
+        }
     }
 }
 

@@ -27,6 +27,7 @@ use procfs::{FromRead, ProcessCGroups};
 
 use super::evidence::{EvidenceMatcher, Found};
 use super::procfile::{DirFile, ProcFile, ReadError};
+use super::taskiter::{self, ProcessLink};
 use super::thread::{PassCtx, ThreadEntry};
 use super::types::{ticks_to_ns, Changes, GoneThread, MlEnv, MlEvidence, ProcessGpu, ProcessView, NS_PER_TICK};
 
@@ -113,6 +114,11 @@ pub struct ProcEntry {
     /// exe and cmdline are read at the next rescan (an exec was told).
     program_due: bool,
     relist: bool,
+    /// The kernel's task iterator attached to this process (ML, with
+    /// `thread_counters = "kernel"`): its threads' counters in one read.
+    link: Option<ProcessLink>,
+    /// Attaching it failed once: /proc for this process.
+    link_failed: bool,
     /// Threads were added or removed since the snapshot last copied them.
     pub layout_changed: bool,
     /// Listed in /proc in the current pass.
@@ -210,6 +216,8 @@ impl ProcEntry {
             rescans_since_program: 0,
             program_due: false,
             relist: true,
+            link: None,
+            link_failed: false,
             layout_changed: true,
             seen: true,
         };
@@ -312,7 +320,9 @@ impl ProcEntry {
         let pid = self.view.pid;
         // The process's CPU time (quiet threads' activity) is checked every
         // quiet_interval; the main thread's stat is cheaper the rest of the time.
-        let check = self.view.ml && !ctx.quiet_interval.is_zero() && ctx.now >= self.next_group_check;
+        // (Not needed with the task iterator: it tells which threads ran.)
+        let check =
+            self.view.ml && self.link.is_none() && !ctx.quiet_interval.is_zero() && ctx.now >= self.next_group_check;
         if check {
             self.group_stat.read_record(|| group_stat(root, pid), ctx.budget, ctx.buf)?;
             self.next_group_check = ctx.now + ctx.quiet_interval;
@@ -423,6 +433,11 @@ impl ProcEntry {
     /// Relists threads if needed, checks a slice of thread names, samples
     /// ML threads. Gone threads are appended to `gone`.
     pub fn update_threads(&mut self, ctx: &mut PassCtx, ids: &mut Vec<i32>, gone: &mut Vec<GoneThread>) {
+        if !self.view.ml {
+            self.link = None;
+        } else if self.sample_from_kernel(ctx, gone) {
+            return;
+        }
         if self.relist {
             self.relist_threads(ctx, ids, gone);
         }
@@ -474,6 +489,93 @@ impl ProcEntry {
         // (These samples cover time the debt already counted.)
         self.sample_threads(ctx, gone, |t, now| !t.sampled_at(now));
         self.quiet_debt_ns = 0;
+    }
+
+    /// Baseline samples of every thread (the process just became ML), so
+    /// that the next pass has deltas.
+    pub fn sample_baseline(&mut self, ctx: &mut PassCtx, gone: &mut Vec<GoneThread>) {
+        if !self.sample_from_kernel(ctx, gone) {
+            for t in &mut self.threads {
+                let _ = t.sample(ctx);
+            }
+        }
+        for t in &mut self.threads {
+            t.view.delta = None;
+        }
+    }
+
+    /// The thread list and every thread's sample from one read of the
+    /// kernel's task iterator (taskiter.rs). False when there is none for
+    /// this process (not loaded, or attaching failed): /proc then.
+    fn sample_from_kernel(&mut self, ctx: &mut PassCtx, gone: &mut Vec<GoneThread>) -> bool {
+        let Some(iter) = ctx.iter else {
+            return false;
+        };
+        if self.link.is_none() {
+            if self.link_failed {
+                return false;
+            }
+            match iter.attach(self.view.pid) {
+                Ok(l) => self.link = Some(l),
+                Err(e) => {
+                    tracing::debug!("observe: pid {}: no task iterator ({e}); its threads from /proc", self.view.pid);
+                    self.link_failed = true;
+                    return false;
+                }
+            }
+        }
+        let link = self.link.as_ref().expect("attached above");
+        if let Err(e) = taskiter::read(link, ctx.iter_buf, ctx.recs) {
+            tracing::debug!("observe: pid {}: task iterator read failed ({e}); its threads from /proc", self.view.pid);
+            self.link = None;
+            self.link_failed = true;
+            return false;
+        }
+        let read_at = Instant::now();
+        self.relist = false;
+        let ctx: &PassCtx = ctx;
+        let recs = &ctx.recs[..];
+        // The same threads as last pass (the common case): in place.
+        if recs.len() == self.threads.len() && recs.iter().zip(&self.threads).all(|(r, t)| r.tid == t.view.tid) {
+            let mut i = 0;
+            for r in recs {
+                if self.threads[i].sample_rec(r, read_at, ctx) {
+                    i += 1;
+                } else {
+                    // A recycled tid: the old thread is gone, the new one
+                    // is discovered in the next pass.
+                    self.drop_thread(i, gone);
+                }
+            }
+            return true;
+        }
+        self.layout_changed = true;
+        let mut old = std::mem::take(&mut self.threads).into_iter().peekable();
+        let pid = self.view.pid;
+        let went = |t: ThreadEntry, gone: &mut Vec<GoneThread>| {
+            gone.push(GoneThread { tid: t.view.tid, tgid: pid, start_ticks: t.view.start_ticks });
+        };
+        for r in recs {
+            while let Some(t) = old.next_if(|t| t.view.tid < r.tid) {
+                went(t, gone);
+            }
+            if let Some(mut t) = old.next_if(|t| t.view.tid == r.tid) {
+                if t.sample_rec(r, read_at, ctx) {
+                    self.threads.push(t);
+                    continue;
+                }
+                went(t, gone);
+            }
+            let mut t = ThreadEntry::from_rec(r, ctx);
+            t.view.ml = self.view.ml;
+            t.sample_rec(r, read_at, ctx);
+            t.view.delta = None;
+            self.threads.push(t);
+        }
+        for t in old {
+            went(t, gone);
+        }
+        true
     }
 
     /// Samples the threads `pick` selects; returns the CPU time their

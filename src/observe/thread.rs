@@ -20,6 +20,18 @@
 //! threads, so only threads that did something get it. Counters are
 //! cumulative, so a skipped read loses nothing: the next detailed read's
 //! delta covers the whole gap (with its own interval).
+//!
+//! With the kernel's task iterator (taskiter.rs, `thread_counters =
+//! "kernel"`) the same counters, name and last CPU of every thread of the
+//! process come in one read per pass, and no file is read:
+//!
+//! ```text
+//!   record ──> name, last CPU
+//!     │
+//!   held back (quiet) and not active since the last pass? ──yes──> no delta
+//!     │no
+//!   schedstat counters ──> delta; active? ──> the detail counters' delta
+//! ```
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,6 +41,7 @@ use procfs::process::{Io, Schedstat, Stat};
 use procfs::FromRead;
 
 use super::procfile::{FdBudget, ProcFile, ReadBuf, ReadError};
+use super::taskiter::{TaskIter, ThreadRec};
 use super::types::{Changes, DetailDelta, ThreadDelta, ThreadRole, ThreadView};
 
 /// What a pass shares with every thread it touches.
@@ -41,6 +54,11 @@ pub struct PassCtx<'a> {
     pub quiet_interval: Duration,
     /// Longest time between two name checks of a thread.
     pub name_interval_max: Duration,
+    /// The kernel's task iterator (`thread_counters = "kernel"`, loaded).
+    pub iter: Option<&'a TaskIter>,
+    /// Its read buffer and records, reused from process to process.
+    pub iter_buf: &'a mut Vec<u8>,
+    pub recs: &'a mut Vec<ThreadRec>,
 }
 
 /// First delay between name checks; it doubles up to `name_interval_max`.
@@ -95,6 +113,10 @@ pub struct ThreadEntry {
     detail: Option<DetailSample>,
     quiet_since: Option<Instant>,
     next_sample: Option<Instant>,
+    /// The task iterator's previous record of the thread: when, and its
+    /// run + run-queue time then (whether a held-back thread was active
+    /// since the previous pass).
+    last_rec: Option<(Instant, u64)>,
     name_interval: Duration,
     next_name_check: Instant,
     /// `view` changed since the snapshot last copied it.
@@ -153,7 +175,21 @@ impl ThreadEntry {
     pub fn discover(tgid: i32, tid: i32, ctx: &mut PassCtx) -> Result<ThreadEntry, ReadError> {
         ctx.buf.read_path(&task_path(ctx.root, tgid, tid, "stat"))?;
         let st = parse_stat(ctx.buf)?;
-        Ok(ThreadEntry {
+        Ok(ThreadEntry::new(tgid, tid, st, ctx))
+    }
+
+    /// A new thread the kernel's task iterator reported.
+    pub fn from_rec(rec: &ThreadRec, ctx: &PassCtx) -> ThreadEntry {
+        let st = StatInfo {
+            comm: String::from_utf8_lossy(rec.comm()).into_owned(),
+            start_ticks: rec.start_ticks,
+            cpu: u32::try_from(rec.cpu).ok(),
+        };
+        ThreadEntry::new(rec.tgid, rec.tid, st, ctx)
+    }
+
+    fn new(tgid: i32, tid: i32, st: StatInfo, ctx: &PassCtx) -> ThreadEntry {
+        ThreadEntry {
             view: ThreadView {
                 tid,
                 tgid,
@@ -172,10 +208,11 @@ impl ThreadEntry {
             detail: None,
             quiet_since: None,
             next_sample: None,
+            last_rec: None,
             name_interval: FIRST_NAME_CHECK.min(ctx.name_interval_max),
             next_name_check: ctx.now + jittered(FIRST_NAME_CHECK.min(ctx.name_interval_max), tid),
             dirty: true,
-        })
+        }
     }
 
     /// Whether the thread's name should be re-read in this pass. Not while
@@ -232,25 +269,84 @@ impl ThreadEntry {
         }
         self.sched = None;
         self.detail = None;
+        self.last_rec = None;
         self.quiet_since = None;
         self.next_sample = None;
         self.view.delta = None;
         self.dirty = true;
     }
 
-    /// Samples an ML thread (see the module doc). Sets `view.delta`.
+    /// Samples an ML thread from its /proc files (see the module doc).
+    /// Sets `view.delta`.
     pub fn sample(&mut self, ctx: &mut PassCtx) -> Result<(), ReadError> {
-        self.dirty = true;
         let (tgid, tid, root, now) = (self.view.tgid, self.view.tid, ctx.root, ctx.now);
         self.files.schedstat.read_record(|| task_path(root, tgid, tid, "schedstat"), ctx.budget, ctx.buf)?;
         let read_at = Instant::now();
         let ss = Schedstat::from_read(ctx.buf.bytes()).map_err(|_| ReadError::Other)?;
         let cur =
             SchedSample { at: now, read_at, cpu_ns: ss.sum_exec_runtime, runq_ns: ss.run_delay, slices: ss.pcount };
-        let prev = self.sched.replace(cur);
-        let mut delta = match prev {
+        let mut delta = self.sched_delta(cur);
+        let active = delta.is_some_and(|d| d.busy_frac() >= ctx.active_busy_frac);
+        if active || self.detail.is_none() {
+            let detail = self.read_detail(ctx)?;
+            if let Some(d) = delta.as_mut() {
+                d.detail = detail;
+            }
+        }
+        self.finish_sample(delta, active, ctx);
+        Ok(())
+    }
+
+    /// Samples an ML thread from the kernel's task iterator record (its
+    /// name and last CPU come with it). A thread held back (quiet) is
+    /// sampled as soon as it was active (runnable >= `active_busy_frac`)
+    /// since the previous pass: the record tells at no cost. Returns false
+    /// when the record is another thread's (the tid was recycled).
+    pub fn sample_rec(&mut self, rec: &ThreadRec, read_at: Instant, ctx: &PassCtx) -> bool {
+        if rec.start_ticks != self.view.start_ticks {
+            return false;
+        }
+        if rec.comm() != self.view.comm.as_bytes() {
+            self.set_comm(&String::from_utf8_lossy(rec.comm()));
+        }
+        self.view.last_cpu = u32::try_from(rec.cpu).ok();
+        let runnable = rec.cpu_ns.saturating_add(rec.runq_ns);
+        let active_since = match self.last_rec.replace((read_at, runnable)) {
+            Some((t, v)) => {
+                let ns = read_at.saturating_duration_since(t).as_nanos().max(1) as f64;
+                runnable.saturating_sub(v) as f64 / ns >= ctx.active_busy_frac && runnable > v
+            }
+            None => true,
+        };
+        if !active_since && !self.due(ctx.now) {
+            return true;
+        }
+        let cur = SchedSample { at: ctx.now, read_at, cpu_ns: rec.cpu_ns, runq_ns: rec.runq_ns, slices: rec.slices };
+        let mut delta = self.sched_delta(cur);
+        let active = delta.is_some_and(|d| d.busy_frac() >= ctx.active_busy_frac);
+        if active || self.detail.is_none() {
+            let detail = self.detail_delta(DetailSample {
+                read_at,
+                voluntary: rec.voluntary,
+                involuntary: rec.involuntary,
+                rchar: rec.rchar,
+            });
+            if let Some(d) = delta.as_mut() {
+                d.detail = detail;
+            }
+        }
+        self.finish_sample(delta, active, ctx);
+        true
+    }
+
+    /// The schedstat delta since the previous sample (None: the first, or
+    /// counters that went backwards: a new baseline); `cur` becomes the
+    /// baseline.
+    fn sched_delta(&mut self, cur: SchedSample) -> Option<ThreadDelta> {
+        self.dirty = true;
+        match self.sched.replace(cur) {
             Some(p) if cur.cpu_ns >= p.cpu_ns && cur.runq_ns >= p.runq_ns && cur.slices >= p.slices => {
-                let interval_ns = read_at.saturating_duration_since(p.read_at).as_nanos() as u64;
+                let interval_ns = cur.read_at.saturating_duration_since(p.read_at).as_nanos() as u64;
                 Some(ThreadDelta {
                     interval_ns,
                     // The kernel's clocks and ours drift by a tick at most:
@@ -261,20 +357,27 @@ impl ThreadEntry {
                     detail: None,
                 })
             }
-            // First sample, or counters went backwards (absurd): new baseline.
             _ => None,
-        };
-        let active = delta.is_some_and(|d| d.busy_frac() >= ctx.active_busy_frac);
-        if active || self.detail.is_none() {
-            let detail = self.read_detail(ctx)?;
-            if let Some(d) = delta.as_mut() {
-                d.detail = detail;
-            }
         }
-        // Quiet pool threads (role Other) are sampled less often, with a
-        // per-thread jitter so that a pool going quiet together does not
-        // come back together. Named threads (trainer, loaders, NCCL) are
-        // few and have phases shorter than the quiet delay: never tiered.
+    }
+
+    /// The detailed counters' delta since the previous detailed sample.
+    fn detail_delta(&mut self, cur: DetailSample) -> Option<DetailDelta> {
+        let prev = self.detail.replace(cur);
+        prev.map(|p| DetailDelta {
+            interval_ns: cur.read_at.saturating_duration_since(p.read_at).as_nanos() as u64,
+            voluntary_switches: cur.voluntary.saturating_sub(p.voluntary),
+            involuntary_switches: cur.involuntary.saturating_sub(p.involuntary),
+            read_bytes: cur.rchar.saturating_sub(p.rchar),
+        })
+    }
+
+    /// Quiet pool threads (role Other) are sampled less often, with a
+    /// per-thread jitter so that a pool going quiet together does not come
+    /// back together. Named threads (trainer, loaders, NCCL) are few and
+    /// have phases shorter than the quiet delay: never tiered.
+    fn finish_sample(&mut self, delta: Option<ThreadDelta>, active: bool, ctx: &PassCtx) {
+        let (tid, now) = (self.view.tid, ctx.now);
         if active || self.view.role != ThreadRole::Other {
             self.quiet_since = None;
             self.next_sample = None;
@@ -286,7 +389,6 @@ impl ThreadEntry {
             }
         }
         self.view.delta = delta;
-        Ok(())
     }
 
     /// Reads stat, status and io; returns the delta
@@ -313,14 +415,7 @@ impl ThreadEntry {
             Err(_) => 0,
         };
 
-        let cur = DetailSample { read_at, voluntary, involuntary, rchar };
-        let prev = self.detail.replace(cur);
-        Ok(prev.map(|p| DetailDelta {
-            interval_ns: read_at.saturating_duration_since(p.read_at).as_nanos() as u64,
-            voluntary_switches: cur.voluntary.saturating_sub(p.voluntary),
-            involuntary_switches: cur.involuntary.saturating_sub(p.involuntary),
-            read_bytes: cur.rchar.saturating_sub(p.rchar),
-        }))
+        Ok(self.detail_delta(DetailSample { read_at, voluntary, involuntary, rchar }))
     }
 }
 
@@ -339,6 +434,7 @@ mod tests {
         write_proc(dir.path(), &p);
         let budget = FdBudget::new(0);
         let mut buf = ReadBuf::default();
+        let (mut iter_buf, mut recs) = (Vec::new(), Vec::new());
         let t0 = Instant::now();
         // The first pass started 10 s before it got to this thread; the
         // second gets to it at once.
@@ -350,6 +446,9 @@ mod tests {
             active_busy_frac: 0.0,
             quiet_interval: Duration::ZERO,
             name_interval_max: Duration::from_secs(1),
+            iter: None,
+            iter_buf: &mut iter_buf,
+            recs: &mut recs,
         };
         let mut t = ThreadEntry::discover(300, 300, &mut ctx).unwrap();
         t.sample(&mut ctx).unwrap();
@@ -364,6 +463,90 @@ mod tests {
         assert!(d.interval_ns <= elapsed, "{} ns > {elapsed} ns between the reads", d.interval_ns);
         // Busy all along: 50 ms on a CPU in at most the time measured here.
         assert!(d.busy_frac() >= 50e6 / elapsed as f64 - 1e-9);
+    }
+
+    /// The task iterator's records: deltas like /proc's; a held-back pool
+    /// thread gets none while it only wakes briefly, and one (covering the
+    /// whole gap) in the pass after it was active; a record with another
+    /// start time is another thread.
+    #[test]
+    fn samples_from_task_iterator_records() {
+        let budget = FdBudget::new(0);
+        let mut buf = ReadBuf::default();
+        let (mut iter_buf, mut recs) = (Vec::new(), Vec::new());
+        let t0 = Instant::now();
+        let mut ctx = PassCtx {
+            root: Path::new("/nonexistent"),
+            budget: &budget,
+            buf: &mut buf,
+            now: t0,
+            active_busy_frac: 0.01,
+            quiet_interval: Duration::from_millis(500),
+            name_interval_max: Duration::from_secs(1),
+            iter: None,
+            iter_buf: &mut iter_buf,
+            recs: &mut recs,
+        };
+        let mut r = ThreadRec {
+            tid: 11,
+            tgid: 10,
+            start_ticks: 5,
+            cpu_ns: 1_000_000,
+            runq_ns: 0,
+            slices: 3,
+            voluntary: 1,
+            involuntary: 0,
+            rchar: 0,
+            cpu: 1,
+            comm: *b"pool\0\0\0\0\0\0\0\0\0\0\0\0",
+        };
+        let mut t = ThreadEntry::from_rec(&r, &ctx);
+        t.view.role = ThreadRole::Other;
+        assert_eq!((&*t.view.comm, t.view.start_ticks, t.view.last_cpu), ("pool", 5, Some(1)));
+        // One pass every 100 ms; `pass` returns the pass's delta.
+        let mut at = t0;
+        let mut pass = |t: &mut ThreadEntry, r: &ThreadRec, ctx: &mut PassCtx| {
+            at += Duration::from_millis(100);
+            ctx.now = at;
+            t.view.delta = None;
+            assert!(t.sample_rec(r, at, ctx));
+            t.view.delta
+        };
+        assert!(pass(&mut t, &r, &mut ctx).is_none(), "the first record is the baseline");
+        r.cpu_ns += 50_000_000;
+        r.slices += 1;
+        r.rchar += 4096;
+        r.voluntary += 2;
+        let d = pass(&mut t, &r, &mut ctx).expect("a delta");
+        assert_eq!((d.interval_ns, d.cpu_ns, d.timeslices), (100_000_000, 50_000_000, 1));
+        let detail = d.detail.expect("active: the detail counters too");
+        assert_eq!((detail.read_bytes, detail.voluntary_switches), (4096, 2));
+        // Idle for over a second: held back, no delta.
+        let mut idle = 0;
+        while pass(&mut t, &r, &mut ctx).is_some() {
+            idle += 1;
+            assert!(idle < 20, "an idle pool thread is held back after a second");
+        }
+        // Brief wakeups (10 us a pass, under active_busy_frac): still held.
+        for _ in 0..5 {
+            r.cpu_ns += 10_000;
+            r.slices += 1;
+            assert!(pass(&mut t, &r, &mut ctx).is_none(), "a brief wakeup is no reason to sample");
+        }
+        // Active: sampled in that pass, over the whole gap since its last sample.
+        r.cpu_ns += 60_000_000;
+        r.slices += 1;
+        let d = pass(&mut t, &r, &mut ctx).expect("sampled once it was active");
+        assert!(d.interval_ns >= 700_000_000, "the delta spans the gap: {} ns", d.interval_ns);
+        assert_eq!(d.cpu_ns, 60_050_000);
+        assert_eq!(d.timeslices, 6);
+        // Renamed: seen from the record.
+        r.comm[..4].copy_from_slice(b"load");
+        pass(&mut t, &r, &mut ctx);
+        assert_eq!(&*t.view.comm, "load");
+        // A recycled tid.
+        r.start_ticks = 6;
+        assert!(!t.sample_rec(&r, at, &ctx), "another start time is another thread");
     }
 
     #[test]
