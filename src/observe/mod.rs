@@ -62,7 +62,8 @@
 //!   only threads that were runnable ≥ `active_busy_frac` of the interval
 //!   also get stat, status and io (~20 µs). With the kernel's task
 //!   iterator (taskiter.rs; `thread_counters = "kernel"`, where it loads;
-//!   ~250 ns per thread per read, every thread every pass) all of that is one read() per ML process per pass
+//!   ~0.85 µs of CPU per thread per read at 100 ms, every thread every
+//!   pass) all of that is one read() per ML process per pass
 //!   returning a binary record per thread, which also lists the threads
 //!   (no task/ readdir) and names them (no comm reads); a held-back
 //!   thread is sampled as soon as its record shows it was active since
