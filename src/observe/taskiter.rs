@@ -141,7 +141,7 @@ pub fn read(link: &ProcessLink, buf: &mut Vec<u8>, out: &mut Vec<ThreadRec>) -> 
     }
     // SAFETY: a new fd the call returned.
     let iter = unsafe { OwnedFd::from_raw_fd(fd) };
-    if buf.len() < 64 * REC {
+    if buf.is_empty() {
         buf.resize(64 * 1024, 0);
     }
     let mut len = 0;

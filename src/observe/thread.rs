@@ -285,14 +285,7 @@ impl ThreadEntry {
         let ss = Schedstat::from_read(ctx.buf.bytes()).map_err(|_| ReadError::Other)?;
         let cur =
             SchedSample { at: now, read_at, cpu_ns: ss.sum_exec_runtime, runq_ns: ss.run_delay, slices: ss.pcount };
-        let mut delta = self.sched_delta(cur);
-        let active = delta.is_some_and(|d| d.busy_frac() >= ctx.active_busy_frac);
-        if active || self.detail.is_none() {
-            let detail = self.read_detail(ctx)?;
-            if let Some(d) = delta.as_mut() {
-                d.detail = detail;
-            }
-        }
+        let (delta, active) = self.delta_with_detail(cur, ctx.active_busy_frac, |t| t.read_detail(ctx))?;
         self.finish_sample(delta, active, ctx);
         Ok(())
     }
@@ -322,21 +315,32 @@ impl ThreadEntry {
             return true;
         }
         let cur = SchedSample { at: ctx.now, read_at, cpu_ns: rec.cpu_ns, runq_ns: rec.runq_ns, slices: rec.slices };
+        let detail = DetailSample { read_at, voluntary: rec.voluntary, involuntary: rec.involuntary, rchar: rec.rchar };
+        if let Ok((delta, active)) = self.delta_with_detail(cur, ctx.active_busy_frac, |t| Ok(t.detail_delta(detail))) {
+            self.finish_sample(delta, active, ctx);
+        }
+        true
+    }
+
+    /// The delta since the previous sample from the schedstat counters
+    /// `cur`, with the detail counters' delta (`detail`) when the thread
+    /// was runnable >= `busy_frac` of the interval or has no detail
+    /// baseline yet; and whether it was (active).
+    fn delta_with_detail(
+        &mut self,
+        cur: SchedSample,
+        busy_frac: f64,
+        detail: impl FnOnce(&mut Self) -> Result<Option<DetailDelta>, ReadError>,
+    ) -> Result<(Option<ThreadDelta>, bool), ReadError> {
         let mut delta = self.sched_delta(cur);
-        let active = delta.is_some_and(|d| d.busy_frac() >= ctx.active_busy_frac);
+        let active = delta.is_some_and(|d| d.busy_frac() >= busy_frac);
         if active || self.detail.is_none() {
-            let detail = self.detail_delta(DetailSample {
-                read_at,
-                voluntary: rec.voluntary,
-                involuntary: rec.involuntary,
-                rchar: rec.rchar,
-            });
+            let detail = detail(self)?;
             if let Some(d) = delta.as_mut() {
                 d.detail = detail;
             }
         }
-        self.finish_sample(delta, active, ctx);
-        true
+        Ok((delta, active))
     }
 
     /// The schedstat delta since the previous sample (None: the first, or
