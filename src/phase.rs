@@ -178,7 +178,9 @@ impl PhaseDetector {
             self.stats.time_ns[p] += n * snap.interval_ns;
         }
         let need = self.cfg.phase_stability_count.max(1);
-        for t in &snap.threads {
+        // (Threads of untouched processes hold no delta and no change.)
+        let visit = snap.threads_to_visit(sweep, &[]);
+        for t in visit.into_iter().flat_map(|r| &snap.threads[r]) {
             if !sweep && t.delta.is_none() && t.changes.is_empty() {
                 continue;
             }

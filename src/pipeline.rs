@@ -260,7 +260,9 @@ impl Pipeline {
         }
         // Phases first: the decisions below read them.
         let mut phase_changed: Vec<u32> = Vec::new();
+        let mut phase_pids: Vec<i32> = Vec::new();
         for c in self.detector.update(snap) {
+            phase_pids.push(c.tgid);
             if tracing::enabled!(tracing::Level::DEBUG) {
                 let comm = snap.threads.iter().find(|t| t.tid == c.tid).map_or("?", |t| &t.comm);
                 debug!("phase tid={} pid={} comm={comm:?} {} -> {}", c.tid, c.tgid, c.from, c.to);
@@ -293,7 +295,12 @@ impl Pipeline {
                 s.begin_pass();
             }
         }
-        for t in &snap.threads {
+        // Only the threads of processes that changed, or whose threads
+        // changed phase or GPUs, can pass the test below (all of them in a
+        // full pass).
+        phase_pids.extend_from_slice(&gpus_changed);
+        let visit = snap.threads_to_visit(full, &phase_pids);
+        for t in visit.into_iter().flat_map(|r| &snap.threads[r]) {
             let p = snap.process_of(t);
             let tid = t.tid as u32;
             let changed = !t.changes.is_empty() || !p.changes.is_empty();
@@ -554,7 +561,7 @@ fn identity<'a>(p: &'a ProcessView, comm: &'a str) -> Identity<'a> {
 mod tests {
     use super::*;
     use crate::class::Class;
-    use crate::observe::fixture::{hog_and_web, TempDir};
+    use crate::observe::fixture::{hog_and_web, write_proc, FakeProc, FakeThread, TempDir};
     use crate::rules::RuleConfig;
 
     fn rule(comm: &str, class: Class) -> RuleConfig {
@@ -610,5 +617,40 @@ mod tests {
         }
         assert!(gone, "the exited process's decision was not withdrawn");
         assert_eq!(p.decisions().map(|(tid, _, _)| tid).collect::<Vec<_>>(), vec![100]);
+    }
+
+    #[test]
+    fn a_rename_in_a_settled_process_is_decided_in_the_next_pass_not_the_next_full_one() {
+        let dir = TempDir::new("pipeline-settled");
+        let root = dir.path().join("proc");
+        std::fs::create_dir(&root).unwrap();
+        let mut big = FakeProc::new(300, 1, "server");
+        for tid in 301..=500 {
+            big.threads.push(FakeThread::new(tid, "worker"));
+        }
+        write_proc(&root, &big);
+        let mut cfg = Config::default();
+        cfg.observe.proc_root = root.display().to_string();
+        cfg.observe.thread_name_interval_ms = 10;
+        cfg.rules = vec![rule("^backup", Class::Batch)];
+        let mut p = Pipeline::new(cfg, Topology::default()).unwrap();
+        // Settled: the process's threads are no longer walked in the
+        // passes between full ones.
+        for _ in 0..FULL_PASS_EVERY + 2 {
+            p.pass();
+            std::thread::sleep(std::time::Duration::from_millis(15));
+        }
+        while p.passes % FULL_PASS_EVERY != 1 {
+            p.pass();
+            std::thread::sleep(std::time::Duration::from_millis(15));
+        }
+        assert_eq!(p.snapshot().touched.as_deref(), Some(&[][..]), "nothing changed in a settled pass");
+        // A thread renames itself: its name check (due every pass here) sees
+        // it, and the rule decides it in that pass.
+        big.thread(420).comm = "backup-7".into();
+        write_proc(&root, &big);
+        p.pass();
+        assert_ne!(p.passes % FULL_PASS_EVERY, 1, "not a full pass");
+        assert_eq!(changes(&p), vec![(420, Some(Class::Batch))]);
     }
 }

@@ -58,6 +58,13 @@
 //! * A file the kernel shows as one record (a task's stat, schedstat,
 //!   status, comm...) is read with one pread; the snapshot copies only the
 //!   threads whose view changed since the previous pass.
+//! * No per-pass walk over every thread: the name checks due come off a
+//!   per-process queue, and a process none of whose threads changed is
+//!   left out of the pass's walks (reset, roles, the snapshot's copy) and
+//!   out of [`Snapshot::touched`], which the phase detector and the
+//!   pipeline visit instead of every thread (all of them in their periodic
+//!   full passes). A walk over thousands of idle threads' entries misses
+//!   the cache at every one; the daemon pays for what changed.
 //! * Threads of ML processes cost one schedstat pread per pass (~1.5 µs);
 //!   only threads that were runnable ≥ `active_busy_frac` of the interval
 //!   also get stat, status and io (~20 µs). With the kernel's task
@@ -512,6 +519,8 @@ impl Observer {
         let same_layout = snap.processes.len() == self.procs.len()
             && self.procs.iter().zip(&snap.processes).all(|((pid, p), v)| *pid == v.pid && !p.layout_changed);
         snap.processes.clear();
+        snap.spans.clear();
+        let mut touched = Vec::new();
         let mut k = 0;
         for (i, p) in self.procs.values_mut().enumerate() {
             snap.processes.push(p.view.clone());
@@ -519,6 +528,22 @@ impl Observer {
             let gpus = &p.view.gpu.devices;
             // The process's GPUs reach all its threads' views.
             let gpus_moved = !same_layout || snap.threads.get(k).is_some_and(|v| !Arc::ptr_eq(&v.gpus, gpus));
+            let first = k;
+            if !(p.threads_dirty || gpus_moved) {
+                // No thread's view changed: the snapshot's copies stand
+                // (and hold no changes and no delta).
+                debug_assert!(p
+                    .threads
+                    .iter()
+                    .all(|t| !t.dirty && t.view.changes.is_empty() && t.view.delta.is_none()));
+                k += p.threads.len();
+                snap.spans.push(first..k);
+                if !p.view.changes.is_empty() {
+                    touched.push(i);
+                }
+                continue;
+            }
+            touched.push(i);
             for t in &mut p.threads {
                 if !(t.dirty || gpus_moved) {
                     k += 1;
@@ -538,8 +563,10 @@ impl Observer {
                 }
                 k += 1;
             }
+            snap.spans.push(first..k);
         }
         snap.threads.truncate(k);
+        snap.touched = Some(touched);
         snap.pass_ns = start.elapsed().as_nanos() as u64;
         &self.snap
     }
@@ -670,6 +697,11 @@ fn classify_processes(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvide
             newly_ml.push(pid);
         }
         let (ml, loader, pid_main) = (v.ml, v.loader_process, v.pid);
+        // (A thread's ML flag or role can only change with the process's,
+        // or when the thread itself changed this pass.)
+        if !(p.threads_dirty || roles_stale || was_ml != ml) {
+            continue;
+        }
         for t in &mut p.threads {
             if was_ml && !ml {
                 t.stop_sampling();
@@ -687,6 +719,7 @@ fn classify_processes(procs: &mut BTreeMap<i32, ProcEntry>, gpu: &dyn GpuProvide
                     t.dirty = true;
                 }
             }
+            p.threads_dirty |= t.dirty;
         }
     }
     newly_ml

@@ -14,10 +14,13 @@
 //! (1 s)       not needed (already ML)        fds+maps if vsize changed
 //! back-off    thread names: 200 ms after     same
 //!             discovery, doubling up to thread_name_interval_ms
+//!             (the threads due come off name_queue, soonest first)
 //! on change   relist /proc/<pid>/task when the thread count changed or a
 //!             thread vanished (readdir of 2,000 tasks costs ~1.5 ms)
 //! ```
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -121,6 +124,19 @@ pub struct ProcEntry {
     link_failed: bool,
     /// Threads were added or removed since the snapshot last copied them.
     pub layout_changed: bool,
+    /// Some thread's view may have changed since the previous pass began
+    /// (a thread dirty, or holding this pass's changes or delta). While
+    /// false, the per-pass walks over the threads (begin_pass, roles, the
+    /// snapshot's copy) skip the process: a large idle process costs
+    /// nothing per pass.
+    pub threads_dirty: bool,
+    /// (next name check, tid, index in `threads` when queued) of every
+    /// thread, soonest first: only the threads due are visited. Entries of
+    /// gone threads, and ones a later entry replaced, are dropped when they
+    /// come up.
+    name_queue: BinaryHeap<Reverse<(Instant, i32, usize)>>,
+    /// The thread list was rebuilt: `name_queue` is refilled before use.
+    name_queue_stale: bool,
     /// Listed in /proc in the current pass.
     pub seen: bool,
 }
@@ -219,6 +235,9 @@ impl ProcEntry {
             link: None,
             link_failed: false,
             layout_changed: true,
+            threads_dirty: true,
+            name_queue: BinaryHeap::new(),
+            name_queue_stale: true,
             seen: true,
         };
         p.read_identity(ctx);
@@ -363,6 +382,7 @@ impl ProcEntry {
             // see the rename now, not at its next name check.
             if let Some(main) = self.threads.iter_mut().find(|t| t.view.tid == pid) {
                 main.set_comm(&st.comm);
+                self.threads_dirty = true;
             }
         }
         let rescan_due = ctx.now >= self.next_rescan;
@@ -442,17 +462,7 @@ impl ProcEntry {
             self.relist_threads(ctx, ids, gone);
         }
         // Names, on each thread's own back-off schedule.
-        let mut i = 0;
-        while i < self.threads.len() {
-            if !self.threads[i].name_due(ctx.now) {
-                i += 1;
-                continue;
-            }
-            match self.threads[i].check_name(ctx) {
-                Err(ReadError::Gone) => self.drop_thread(i, gone),
-                _ => i += 1,
-            }
-        }
+        self.check_names(ctx, gone);
         if !self.view.ml {
             return;
         }
@@ -491,9 +501,53 @@ impl ProcEntry {
         self.quiet_debt_ns = 0;
     }
 
+    /// Re-reads the names of the threads due (name_queue), in due order.
+    fn check_names(&mut self, ctx: &mut PassCtx, gone: &mut Vec<GoneThread>) {
+        if std::mem::take(&mut self.name_queue_stale) {
+            self.name_queue.clear();
+            let queued = self.threads.iter().enumerate().map(|(i, t)| Reverse((t.next_name_check(), t.view.tid, i)));
+            self.name_queue.extend(queued);
+        }
+        while let Some(&Reverse((due, tid, at))) = self.name_queue.peek() {
+            if due > ctx.now {
+                break;
+            }
+            self.name_queue.pop();
+            // (The index holds unless a thread was dropped since: a search
+            // of the whole list, a cold one, costs more than the check.)
+            let i = match self.threads.get(at) {
+                Some(t) if t.view.tid == tid => at,
+                _ => match self.threads.binary_search_by_key(&tid, |t| t.view.tid) {
+                    Ok(i) => i,
+                    Err(_) => continue, // gone
+                },
+            };
+            let t = &mut self.threads[i];
+            if t.next_name_check() != due {
+                continue; // replaced
+            }
+            if let Some(held) = t.name_held_until(ctx.now) {
+                // A quiet thread held back: checked once it is sampled again.
+                t.defer_name_check(held);
+                self.name_queue.push(Reverse((held, tid, i)));
+                continue;
+            }
+            debug_assert!(t.name_due(ctx.now));
+            match t.check_name(ctx) {
+                Err(ReadError::Gone) => self.drop_thread(i, gone),
+                _ => {
+                    let t = &self.threads[i];
+                    self.threads_dirty |= t.dirty;
+                    self.name_queue.push(Reverse((t.next_name_check(), tid, i)));
+                }
+            }
+        }
+    }
+
     /// Baseline samples of every thread (the process just became ML), so
     /// that the next pass has deltas.
     pub fn sample_baseline(&mut self, ctx: &mut PassCtx, gone: &mut Vec<GoneThread>) {
+        self.threads_dirty = true;
         if !self.sample_from_kernel(ctx, gone) {
             for t in &mut self.threads {
                 let _ = t.sample(ctx);
@@ -533,6 +587,7 @@ impl ProcEntry {
         }
         let read_at = Instant::now();
         self.relist = false;
+        self.threads_dirty = true;
         let ctx: &PassCtx = ctx;
         let recs = &ctx.recs[..];
         // The same threads as last pass (the common case): in place.
@@ -550,6 +605,7 @@ impl ProcEntry {
             return true;
         }
         self.layout_changed = true;
+        self.name_queue_stale = true;
         let mut old = std::mem::take(&mut self.threads).into_iter().peekable();
         let pid = self.view.pid;
         let went = |t: ThreadEntry, gone: &mut Vec<GoneThread>| {
@@ -594,7 +650,9 @@ impl ProcEntry {
                 i += 1;
                 continue;
             }
-            match t.sample(ctx) {
+            let sampled = t.sample(ctx);
+            self.threads_dirty |= t.dirty;
+            match sampled {
                 Ok(()) => {
                     explained += t.view.delta.map_or(0, |d| d.cpu_ns);
                     i += 1;
@@ -622,6 +680,8 @@ impl ProcEntry {
         }
         self.relist = false;
         self.layout_changed = true;
+        self.threads_dirty = true;
+        self.name_queue_stale = true;
         let old = std::mem::take(&mut self.threads);
         let mut old = old.into_iter().peekable();
         for &tid in ids.iter() {
@@ -647,13 +707,20 @@ impl ProcEntry {
     /// Forgets the per-pass flags of the previous pass.
     pub fn begin_pass(&mut self) {
         self.view.changes = Changes::NONE;
+        if !self.threads_dirty {
+            return;
+        }
+        let mut reset = false;
         for t in &mut self.threads {
             if !t.view.changes.is_empty() || t.view.delta.is_some() {
                 t.view.changes = Changes::NONE;
                 t.view.delta = None;
                 t.dirty = true;
+                reset = true;
             }
         }
+        // True again while the snapshot has views to clear.
+        self.threads_dirty = reset;
     }
 
     /// All threads as gone (the process exited).

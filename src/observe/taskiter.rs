@@ -194,17 +194,25 @@ mod tests {
         }
         let it = TaskIter::load().expect("the task iterator loads as root");
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let s2 = stop.clone();
+        let (s2, (tx, rx)) = (stop.clone(), std::sync::mpsc::channel());
         let spinner = std::thread::Builder::new()
             .name("zt_iter_spin".into())
             .spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                tx.send(unsafe { libc::gettid() }).expect("sending the tid");
                 let mut x = 0u64;
                 while !s2.load(std::sync::atomic::Ordering::Relaxed) {
                     x = std::hint::black_box(x.wrapping_add(1));
                 }
             })
             .expect("spawning");
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        // Until the spinner has run 100 ms (however loaded the machine).
+        let spin_tid = rx.recv().expect("the spinner's tid");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while proc_fields(spin_tid, "schedstat")[0].parse::<u64>().expect("cpu ns") < 100_000_000 {
+            assert!(std::time::Instant::now() < deadline, "the spinner got no 100 ms of CPU in 60 s");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let me = std::process::id() as i32;
         let link = it.attach(me).expect("attach");
         let tids = |recs: &[ThreadRec]| recs.iter().map(|r| r.tid).collect::<Vec<_>>();
@@ -246,7 +254,7 @@ mod tests {
             let (lo, hi): (u64, u64) = (sched_before[i].parse().unwrap(), sched_after[i].parse().unwrap());
             assert!(lo <= v && v <= hi, "{name}: {lo} <= {v} <= {hi}");
         }
-        assert!(spin.cpu_ns > 50_000_000, "the spinner ran 200 ms: {} ns", spin.cpu_ns);
+        assert!(spin.cpu_ns >= 100_000_000, "the spinner ran 100 ms: {} ns", spin.cpu_ns);
         // This thread read files and slept: both counters moved.
         // SAFETY: gettid has no preconditions.
         let this = unsafe { libc::gettid() };

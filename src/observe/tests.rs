@@ -517,6 +517,49 @@ fn a_process_rename_reaches_its_main_thread_at_the_rescan() {
 }
 
 #[test]
+fn a_settled_process_is_left_out_of_the_pass_until_one_of_its_threads_changes() {
+    let dir = TempDir::new("observe-settled");
+    let root = dir.path();
+    let mut big = FakeProc::new(60, 1, "server");
+    for tid in 61..=260 {
+        big.threads.push(FakeThread::new(tid, "worker"));
+    }
+    write_proc(root, &big);
+    write_proc(root, &FakeProc::new(70, 1, "other"));
+    let mut o = observer(root);
+    let index = |s: &Snapshot| s.processes.iter().position(|p| p.pid == 60).expect("pid 60");
+    let touched = |s: &Snapshot| s.touched.clone().expect("the observer says which processes it touched");
+    // New, then the pass that clears the new threads' changes, then settled.
+    let s = poll(&mut o);
+    assert!(touched(&s).contains(&index(&s)));
+    let mut settled = false;
+    for _ in 0..5 {
+        let s = poll(&mut o);
+        if !touched(&s).contains(&index(&s)) {
+            settled = true;
+            assert!(s.threads[s.spans[index(&s)].clone()].iter().all(|t| t.delta.is_none() && t.changes.is_empty()));
+            assert_eq!(s.spans[index(&s)].len(), 201);
+            break;
+        }
+    }
+    assert!(settled, "an unchanged process was walked in every pass");
+    // One thread renames itself: the process is touched, the rename seen.
+    big.thread(150).comm = "pt_data_worker".into();
+    write_proc(root, &big);
+    let s = poll(&mut o);
+    assert!(touched(&s).contains(&index(&s)), "a renamed thread's process is touched");
+    assert_eq!(s.changed_threads().map(|t| t.tid).collect::<Vec<_>>(), vec![150]);
+    assert_eq!(thread_of(&s, 150).comm.as_ref(), "pt_data_worker");
+    let visit = s.threads_to_visit(false, &[]);
+    assert!(visit.iter().any(|r| s.threads[r.clone()].iter().any(|t| t.tid == 150)));
+    // Its change cleared in the next pass, then settled again.
+    let s = poll(&mut o);
+    assert!(s.changed_threads().next().is_none());
+    let s = poll(&mut o);
+    assert!(!touched(&s).contains(&index(&s)));
+}
+
+#[test]
 fn renames_and_exec_are_reported_once() {
     let dir = TempDir::new("observe-rename");
     let root = dir.path();

@@ -222,6 +222,22 @@ impl ThreadEntry {
         now >= self.next_name_check && self.next_sample.is_none_or(|t| now >= t)
     }
 
+    /// When the thread's name is next due for a check.
+    pub fn next_name_check(&self) -> Instant {
+        self.next_name_check
+    }
+
+    /// Until when a name check is held back (a quiet thread between its
+    /// samples; see [`Self::name_due`]), if it is at `now`.
+    pub fn name_held_until(&self, now: Instant) -> Option<Instant> {
+        self.next_sample.filter(|&t| now < t)
+    }
+
+    /// Moves the next name check to `at` (a held-back thread's next sample).
+    pub fn defer_name_check(&mut self, at: Instant) {
+        self.next_name_check = self.next_name_check.max(at);
+    }
+
     fn name_checked(&mut self, ctx: &PassCtx) {
         self.next_name_check = ctx.now + jittered(self.name_interval, self.view.tid);
         self.name_interval = (self.name_interval * 2).min(ctx.name_interval_max);

@@ -408,6 +408,13 @@ pub struct Snapshot {
     /// Threads gone since the previous pass.
     pub gone: Vec<GoneThread>,
     pub gpus: Vec<GpuDevice>,
+    /// `threads[spans[i]]` are the threads of `processes[i]`.
+    pub spans: Vec<std::ops::Range<usize>>,
+    /// Indices of the processes whose view or any of whose threads' views
+    /// may have changed in this pass; the other processes' threads hold
+    /// no changes and no delta. None: any may have (every thread is to be
+    /// looked at).
+    pub touched: Option<Vec<usize>>,
 }
 
 impl Snapshot {
@@ -424,6 +431,22 @@ impl Snapshot {
     /// Looks a thread up by tid (linear: for tests and tools).
     pub fn thread(&self, tid: i32) -> Option<&ThreadView> {
         self.threads.iter().find(|t| t.tid == tid)
+    }
+
+    /// The threads to look at for changes, deltas, or a change of
+    /// process: those of the touched processes and of the processes
+    /// `also` lists (pids), in snapshot order; all threads when the
+    /// observer did not say which processes it touched, or `all`.
+    pub fn threads_to_visit(&self, all: bool, also: &[i32]) -> Vec<std::ops::Range<usize>> {
+        let touched = match &self.touched {
+            Some(t) if !all && self.spans.len() == self.processes.len() => t,
+            _ => return std::iter::once(0..self.threads.len()).collect(),
+        };
+        let mut procs = touched.clone();
+        procs.extend(also.iter().filter_map(|&pid| self.processes.binary_search_by_key(&pid, |p| p.pid).ok()));
+        procs.sort_unstable();
+        procs.dedup();
+        procs.into_iter().map(|i| self.spans[i].clone()).collect()
     }
 
     /// Threads of ML processes.

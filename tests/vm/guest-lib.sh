@@ -18,7 +18,7 @@
 #   sched_state, ops_name           the kernel's view
 #   check / assert_true DESC CMD... assert_eq DESC GOT WANT
 #   assert_ge DESC A B, assert_gt DESC A B (integers)
-#   wait_until SECS CMD...          poll CMD every 0.2 s until it succeeds
+#   wait_until SECS CMD...          poll CMD every 0.2 s (1 s from 300 s) until it succeeds
 #   zcounter CLASS STAT, zcounter_sum STAT, zglobal NAME, ztask TID FIELD
 #                                   values from `scx_zernel inspect`
 #   zentries, zholds COMM CLASS SLICE PREEMPT
@@ -72,12 +72,17 @@ assert_gt() { _int_cmp gt "$@"; }
 
 # wait_until SECS CMD... : true as soon as CMD succeeds, false once SECS
 # seconds of the guest's clock have passed (however long each try takes).
+# The clock is read with the shell's own `read` (no process per check), and
+# long waits poll once a second: every process started here is one more the
+# daemon discovers and scans, load on the guest that slows what is awaited.
 wait_until() {
-  local end
-  end=$(( $(cut -d. -f1 /proc/uptime) + $1 )); shift
-  while [ "$(cut -d. -f1 /proc/uptime)" -lt "$end" ]; do
+  local end up step=0.2
+  [ "$1" -ge 300 ] && step=1
+  read -r up _ </proc/uptime
+  end=$(( ${up%.*} + $1 )); shift
+  while read -r up _ </proc/uptime && [ "${up%.*}" -lt "$end" ]; do
     "$@" && return 0
-    sleep 0.2
+    sleep "$step"
   done
   "$@"
 }

@@ -1,5 +1,5 @@
 #!/bin/sh
-# vm: --host-root --smp 2 --mem 4G --timeout 1500
+# vm: --host-root --smp 2 --mem 4G --timeout 3000
 #
 # Real PyTorch DDP: `torchrun --nproc-per-node 2` runs
 # tests/workloads/pytorch/train.py on two ranks over the gloo backend (one
@@ -25,7 +25,10 @@ zernel_start configs/zernel.toml --log-level debug || finish
 "$(dirname "$PY")/torchrun" --nproc-per-node 2 tests/workloads/pytorch/train.py --workers 1 \
   --ready "$W/ready" --progress "$W/progress" --data-dir "$W/data" >"$W/ddp.out" 2>&1 &
 agent=$!
-if ! wait_until 1200 sh -c "test -s $W/ready.0 && test -s $W/ready.1"; then
+# Two ranks import torch on two vCPUs under TCG: most of the case's time.
+# The bound is a backstop for a loaded host, not an expectation.
+both_ready() { test -s "$W/ready.0" && test -s "$W/ready.1"; }
+if ! wait_until 2400 both_ready; then
   _notok "both ranks finished a first step" "$(tail -8 "$W/ddp.out")"; finish
 fi
 r0=$(cat "$W/ready.0") r1=$(cat "$W/ready.1")
