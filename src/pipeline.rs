@@ -260,9 +260,9 @@ impl Pipeline {
         }
         // Phases first: the decisions below read them.
         let mut phase_changed: Vec<u32> = Vec::new();
-        let mut phase_pids: Vec<i32> = Vec::new();
+        let mut also_visit: Vec<i32> = Vec::new();
         for c in self.detector.update(snap) {
-            phase_pids.push(c.tgid);
+            also_visit.push(c.tgid);
             if tracing::enabled!(tracing::Level::DEBUG) {
                 let comm = snap.threads.iter().find(|t| t.tid == c.tid).map_or("?", |t| &t.comm);
                 debug!("phase tid={} pid={} comm={comm:?} {} -> {}", c.tid, c.tgid, c.from, c.to);
@@ -298,8 +298,8 @@ impl Pipeline {
         // Only the threads of processes that changed, or whose threads
         // changed phase or GPUs, can pass the test below (all of them in a
         // full pass).
-        phase_pids.extend_from_slice(&gpus_changed);
-        let visit = snap.threads_to_visit(full, &phase_pids);
+        also_visit.extend_from_slice(&gpus_changed);
+        let visit = snap.threads_to_visit(full, &also_visit);
         for t in visit.into_iter().flat_map(|r| &snap.threads[r]) {
             let p = snap.process_of(t);
             let tid = t.tid as u32;

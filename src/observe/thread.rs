@@ -219,7 +219,7 @@ impl ThreadEntry {
     /// a quiet thread is held back: its name matters once it does something,
     /// and then its detailed read (stat) sees a new name.
     pub fn name_due(&self, now: Instant) -> bool {
-        now >= self.next_name_check && self.next_sample.is_none_or(|t| now >= t)
+        now >= self.next_name_check && self.name_held_until(now).is_none()
     }
 
     /// When the thread's name is next due for a check.
