@@ -32,6 +32,7 @@ use crate::bpf_intf;
 use crate::config::{Config, Source};
 use crate::decisions::Decisions;
 use crate::events::{GpuOpen, ProcEvent};
+use crate::observe::RECONCILE_RESCANS;
 use crate::pipeline::{until_next_pass, Pipeline};
 use crate::reload::Reloader;
 use crate::sched::{self, LoadOptions, Scheduler};
@@ -164,6 +165,11 @@ fn serve(
     let mut procs: Vec<ProcEvent> = Vec::new();
     let mut lost = sched.counters()?.global[bpf_intf::zernel_global_stat_ZGSTAT_EVENT_LOST as usize];
     pipeline.set_process_events(true);
+    if pipeline.cfg.observe.process_events {
+        info!("process events: forks, execs, exits, thread renames and cgroup moves come from the kernel; /proc is listed every {} ms", pipeline.cfg.observe.rescan_interval_ms * u64::from(RECONCILE_RESCANS));
+    } else {
+        info!("process events: off (observe.process_events = false): /proc alone finds new processes, renames and cgroup moves");
+    }
     loop {
         let started = Instant::now();
         if shutdown.load(Ordering::Relaxed) {

@@ -112,13 +112,15 @@ impl Pipeline {
     }
 
     /// Whether the kernel's process events come (see
-    /// [`Observer::set_process_events`]).
+    /// [`Observer::set_process_events`]); the observer takes them unless
+    /// `observe.process_events` is false.
     pub fn set_process_events(&mut self, live: bool) {
         self.process_events = live;
-        self.observer.set_process_events(live);
+        self.observer.set_process_events(live && self.cfg.observe.process_events);
     }
 
-    /// Processes the kernel told of (fork, exec, exit) since the last pass.
+    /// What the kernel told of (fork, exec, exit, rename, cgroup move) since
+    /// the last pass.
     pub(crate) fn note_process_events(&mut self, events: &[ProcEvent]) {
         self.observer.note_process_events(events);
     }
@@ -180,7 +182,7 @@ impl Pipeline {
             self.discovery_retired.0 += e;
             self.discovery_retired.1 += l;
             self.observer = Observer::new(&cfg.observe);
-            self.observer.set_process_events(self.process_events);
+            self.observer.set_process_events(self.process_events && cfg.observe.process_events);
         }
         if cfg.phase != self.cfg.phase {
             self.detector = PhaseDetector::new(cfg.phase.clone());

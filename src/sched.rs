@@ -8,7 +8,8 @@
 //!   pin_dir/{task_class,stats} <── inspect (another process, read-only)
 //!   /proc/devices ─────────────> gpu_majors map (after load)
 //!   fentry chrdev_open | lsm file_open ─> events ring buffer ─> events() (non-blocking):
-//!   tp_btf sched_process_{fork,exec,exit} ─> events ─────────>   GPU opens, process events
+//!   tp_btf sched_process_{fork,exec,exit},
+//!          task_rename, cgroup_attach_task ─> events ────────>   GPU opens, process events
 //! ```
 //!
 //! GPU device opens: of the two hooks of main.bpf.c one is loaded, fentry
@@ -16,8 +17,9 @@
 //! file_open where `bpf` is among the active LSMs; with neither (or if its
 //! attach fails) one line says so and GPU processes are found by the /proc
 //! scan alone. Process events (a process forked, exec'd, or its leader
-//! exited) come through the same ring buffer, so that the observer finds
-//! new work from them instead of by listing /proc. The ring buffer is
+//! exited; a thread renamed; a task moved to another cgroup) come through
+//! the same ring buffer, so that the observer finds new work and changes
+//! from them instead of by listing /proc and polling names and cgroups. The ring buffer is
 //! drained with `consume` (no wait) from the daemon's loop.
 //!
 //! Nothing here knows about phases or /proc: a decision is a small value and
@@ -320,9 +322,16 @@ fn decode_proc_event(b: &[u8]) -> Option<ProcEvent> {
         bpf_intf::zernel_event_kind_ZEV_PROC_NEW => ProcEventKind::New,
         bpf_intf::zernel_event_kind_ZEV_PROC_EXEC => ProcEventKind::Exec,
         bpf_intf::zernel_event_kind_ZEV_PROC_EXIT => ProcEventKind::Exit,
+        bpf_intf::zernel_event_kind_ZEV_TASK_RENAME => ProcEventKind::Rename,
+        bpf_intf::zernel_event_kind_ZEV_CGROUP_MOVE => ProcEventKind::CgroupMove,
         _ => return None,
     };
-    Some(ProcEvent { kind, pid: i32::try_from(e.pid).ok()?, start_ticks: e.start_ticks })
+    Some(ProcEvent {
+        kind,
+        pid: i32::try_from(e.pid).ok()?,
+        tid: i32::try_from(e.tid).ok()?,
+        start_ticks: e.start_ticks,
+    })
 }
 
 /// Which hook sees GPU device opens.

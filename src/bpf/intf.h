@@ -141,16 +141,18 @@ struct zernel_thread_rec {
 
 /* Ring buffer events (the `events` map), BPF to the daemon. */
 enum zernel_event_kind {
-	ZEV_GPU_OPEN = 1,  /* a process opened a GPU device (first time) */
-	ZEV_PROC_NEW = 2,  /* a process was forked (pid = its tgid) */
-	ZEV_PROC_EXEC = 3, /* a process exec'd a new program */
-	ZEV_PROC_EXIT = 4, /* a process's leader exited */
+	ZEV_GPU_OPEN = 1,    /* a process opened a GPU device (first time) */
+	ZEV_PROC_NEW = 2,    /* a process was forked (pid = its tgid) */
+	ZEV_PROC_EXEC = 3,   /* a process exec'd a new program */
+	ZEV_PROC_EXIT = 4,   /* a process's leader exited */
+	ZEV_TASK_RENAME = 5, /* a thread (tid) was renamed */
+	ZEV_CGROUP_MOVE = 6, /* a process or thread moved to another cgroup */
 };
 
 struct zernel_event {
-	u32 kind;  /* enum zernel_event_kind */
-	u32 pid;   /* process (tgid) */
-	u32 tid;   /* the thread that opened it (or forked, exec'd, exited) */
+	u32 kind; /* enum zernel_event_kind */
+	u32 pid;  /* process (tgid) */
+	u32 tid; /* the thread that opened it (forked, exec'd, exited, was renamed or moved) */
 	u32 major; /* device numbers (GPU_OPEN; else 0) */
 	u32 minor;
 	u32 pad;

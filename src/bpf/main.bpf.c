@@ -32,6 +32,9 @@
  *   process fork, exec, leader exit ─> zernel_proc_{fork,exec,exit}: the
  *              daemon told (events), which finds new work from these
  *              instead of listing /proc (see proc_event())
+ *   thread rename, cgroup move ─> zernel_task_rename, zernel_cgroup_attach:
+ *              the daemon told (events), which re-reads that name or
+ *              cgroup instead of polling them
  *   lookup ─> entry (start time matches) | inherited | GPU-open mark | none
  *   RT task takes a CPU ─> zernel_rt_takes_cpu (sched_switch, 6.19+) or
  *              zernel_cpu_release (older kernels): its local queue goes
@@ -1302,6 +1305,27 @@ int BPF_PROG(zernel_proc_exit, struct task_struct *p)
 {
 	if (p->pid == p->tgid)
 		proc_event(ZEV_PROC_EXIT, p);
+	return 0;
+}
+
+/*
+ * A thread renamed (prctl(PR_SET_NAME), a write to its comm file, an exec)
+ * or a task moved to another cgroup: the daemon re-reads that thread's name,
+ * or that process's cgroup, at its next pass, so that its periodic name
+ * checks and cgroup reads are only a slow reconciliation.
+ */
+SEC("tp_btf/task_rename")
+int BPF_PROG(zernel_task_rename, struct task_struct *task, const char *comm)
+{
+	proc_event(ZEV_TASK_RENAME, task);
+	return 0;
+}
+
+SEC("tp_btf/cgroup_attach_task")
+int BPF_PROG(zernel_cgroup_attach, struct cgroup *dst, const char *path,
+	     struct task_struct *task, bool threadgroup)
+{
+	proc_event(ZEV_CGROUP_MOVE, task);
 	return 0;
 }
 

@@ -24,11 +24,22 @@ pub struct ObserveConfig {
     /// How often (ms) each non-ML process is re-read (comm, exe, cmdline,
     /// parent, thread count, cgroup). Rescans are staggered over the passes.
     /// ML processes are re-read every pass. With the kernel's process
-    /// events (the scheduler attached), /proc is listed every 5 of these.
+    /// events (the scheduler attached), /proc is listed, and exe, cmdline
+    /// and cgroup are re-read, every 5 of these.
     pub rescan_interval_ms: u64,
+    /// Take the kernel's process events while the scheduler is attached
+    /// (fork, exec and exit of processes, thread renames, cgroup moves;
+    /// tracepoints, through a ring buffer): each is acted on at the next
+    /// pass, and /proc listings, name checks and cgroup reads become a
+    /// slow reconciliation (see `rescan_interval_ms` and
+    /// `thread_name_interval_ms`). false: /proc alone finds them, on those
+    /// intervals, as `scx_zernel observe` does.
+    pub process_events: bool,
     /// Longest time (ms) between two checks of a thread's name (renames).
     /// A new thread is checked 200 ms (or this, if shorter) after it
     /// appears, then at doubling intervals up to this one. Active ML threads are checked every pass.
+    /// With the kernel's process events, which tell of every rename, the
+    /// checks only reconcile: up to 5 of these apart.
     pub thread_name_interval_ms: u64,
     /// Minimum time (ms) between two ML-evidence scans (fds and maps) of the
     /// same non-ML process. A scan only happens when the process's virtual
@@ -91,6 +102,7 @@ impl Default for ObserveConfig {
         ObserveConfig {
             proc_root: "/proc".into(),
             rescan_interval_ms: 1000,
+            process_events: true,
             thread_name_interval_ms: 5000,
             evidence_interval_ms: 2000,
             max_fds_scanned: 1024,

@@ -13,7 +13,8 @@
 //!  (or every rescan_interval; with process events: only every
 //!   RECONCILE_RESCANS rescan intervals)                              │
 //!  process events: fork ─> new pid; exec ─> rescan it; ─────────────>│
-//!                  exit ─> gone once /proc/PID is (reaped)           │
+//!                  exit ─> gone once /proc/PID is (reaped);          │
+//!                  rename ─> re-read that name; cgroup move ─> re-read it
 //!                            ┌───────────────────────────────────────┘
 //!                            ├─ new pid ──────> discover: stat, status, cmdline, exe,
 //!                            │                  cgroup, environ, fds, maps, threads
@@ -25,8 +26,8 @@
 //!                                 │   (+ exe, cmdline: exec?; cgroup; fds/maps if the
 //!                                 │    vsize changed and the process is not ML yet)
 //!                                 v
-//!                       threads: relist task/ if the count changed; names due
-//!                       re-read (back-off); ML threads sampled (thread.rs)
+//!                       threads: relist task/ if the count changed; names told
+//!                       and names due re-read (back-off); ML threads sampled
 //!                                 │
 //!  GPU provider ──> classify_processes: own evidence | GPU user | forced | ancestor ML
 //!                                 │  -> ml flag, DataLoader process, roles, GPUs
@@ -50,11 +51,12 @@
 //!   [`RECONCILE_RESCANS`] rescan intervals, or at once when the kernel lost
 //!   events.
 //! * Non-ML processes cost one stat pread per `rescan_interval_ms` (and a
-//!   cgroup pread, and an exe readlink and cmdline pread: with process
-//!   events, which tell of an exec at once, those two only every
-//!   [`RECONCILE_RESCANS`] rescans), and one comm pread per thread on a
-//!   back-off schedule (200 ms after it appears, doubling up to
-//!   `thread_name_interval_ms`) to catch renames.
+//!   cgroup pread, an exe readlink and a cmdline pread: with process
+//!   events, which tell of an exec, a rename and a cgroup move at once,
+//!   those three only every [`RECONCILE_RESCANS`] rescans), and one comm
+//!   pread per thread on a back-off schedule (200 ms after it appears,
+//!   doubling up to `thread_name_interval_ms`; with process events, up to
+//!   [`RECONCILE_RESCANS`] times that) to catch renames.
 //! * A file the kernel shows as one record (a task's stat, schedstat,
 //!   status, comm...) is read with one pread; the snapshot copies only the
 //!   threads whose view changed since the previous pass.
@@ -281,8 +283,13 @@ impl Observer {
     /// Processes the kernel told of since the last pass: a new one is
     /// discovered in the next pass (a recycled pid's old process is gone
     /// first), an exec'd one is rescanned then, an exited one let go of
-    /// once its /proc directory is gone.
+    /// once its /proc directory is gone; a renamed thread's name and a
+    /// moved process's cgroup are read again then. Ignored unless
+    /// [`set_process_events`](Self::set_process_events) turned them on.
     pub(crate) fn note_process_events(&mut self, events: &[ProcEvent]) {
+        if !self.events_live {
+            return;
+        }
         let now = Instant::now();
         self.events_taken += events.len() as u64;
         for e in events {
@@ -294,7 +301,11 @@ impl Observer {
                 (ProcEventKind::New | ProcEventKind::Exec, Some(p)) => p.rescan_now(now),
                 (ProcEventKind::New | ProcEventKind::Exec, None) => self.told_new.push(e.pid),
                 (ProcEventKind::Exit, Some(_)) => self.told_exit.push((e.pid, e.start_ticks, 0)),
-                (ProcEventKind::Exit, None) => {}
+                (ProcEventKind::Rename, Some(p)) if p.view.start_ticks == e.start_ticks => p.rename_told(e.tid, now),
+                (ProcEventKind::CgroupMove, Some(p)) if p.view.start_ticks == e.start_ticks => p.cgroup_told(now),
+                // Not known yet (or another incarnation): its discovery
+                // reads names and cgroup anyway.
+                (ProcEventKind::Exit | ProcEventKind::Rename | ProcEventKind::CgroupMove, _) => {}
             }
         }
     }
@@ -439,7 +450,7 @@ impl Observer {
             matcher: &self.matcher,
             rescan_interval: self.rescan_interval,
             evidence_interval: self.evidence_interval,
-            program_every: if self.events_live { RECONCILE_RESCANS } else { 1 },
+            reconcile_every: if self.events_live { RECONCILE_RESCANS } else { 1 },
         };
         let mut ctx = PassCtx {
             root: &self.root,
@@ -448,7 +459,12 @@ impl Observer {
             now: start,
             active_busy_frac: self.active_busy_frac,
             quiet_interval: self.quiet_interval,
-            name_interval_max: self.name_interval,
+            // Renames told by the kernel: the checks only reconcile.
+            name_interval_max: if self.events_live {
+                self.name_interval * RECONCILE_RESCANS
+            } else {
+                self.name_interval
+            },
             iter: self.iter.as_ref(),
             iter_buf: &mut self.iter_buf,
             recs: &mut self.recs,

@@ -12,9 +12,13 @@
 //!             unaccounted for (update_threads)
 //! rescan      exe, cmdline, cgroup; fds+maps exe, cmdline, cgroup; stat;
 //! (1 s)       not needed (already ML)        fds+maps if vsize changed
+//!             (with process events: exe, cmdline and cgroup every 5th)
 //! back-off    thread names: 200 ms after     same
 //!             discovery, doubling up to thread_name_interval_ms
-//!             (the threads due come off name_queue, soonest first)
+//!             (x5 with process events); the threads due come off
+//!             name_queue, soonest first
+//! told        rename: that thread's name (a thread not listed: relist);
+//!             cgroup move: the cgroup; exec: exe, cmdline (next pass)
 //! on change   relist /proc/<pid>/task when the thread count changed or a
 //!             thread vanished (readdir of 2,000 tasks costs ~1.5 ms)
 //! ```
@@ -44,10 +48,11 @@ pub struct ProcSettings<'a> {
     pub matcher: &'a EvidenceMatcher,
     pub rescan_interval: Duration,
     pub evidence_interval: Duration,
-    /// exe and cmdline are read again every this many rescans (1; with the
-    /// kernel's process events, which tell of an exec at once, more): a
-    /// rename or an exec event reads them at the next pass in any case.
-    pub program_every: u32,
+    /// exe, cmdline and cgroup are read again every this many rescans (1;
+    /// with the kernel's process events, which tell of an exec, a rename
+    /// and a cgroup move at once, more): a rename, an exec or a cgroup-move
+    /// event reads them at the next pass in any case.
+    pub reconcile_every: u32,
 }
 
 struct ProcStat {
@@ -112,10 +117,15 @@ pub struct ProcEntry {
     vsize_at_scan: u64,
     last_scan: Instant,
     next_rescan: Instant,
-    /// Rescans since exe and cmdline were last read.
-    rescans_since_program: u32,
+    /// Rescans since exe, cmdline and cgroup were last all read.
+    rescans_since_reconcile: u32,
     /// exe and cmdline are read at the next rescan (an exec was told).
     program_due: bool,
+    /// The cgroup is read at the next rescan (a move was told).
+    cgroup_due: bool,
+    /// Threads the kernel told were renamed: their names are read in the
+    /// next pass.
+    names_told: Vec<i32>,
     relist: bool,
     /// The kernel's task iterator attached to this process (ML, with
     /// `thread_counters = "kernel"`): its threads' counters in one read.
@@ -229,8 +239,10 @@ impl ProcEntry {
             vsize_at_scan: st.vsize,
             last_scan: ctx.now,
             next_rescan: ctx.now + stagger.max(Duration::from_millis(1)),
-            rescans_since_program: 0,
+            rescans_since_reconcile: 0,
             program_due: false,
+            cgroup_due: false,
+            names_told: Vec::new(),
             relist: true,
             link: None,
             link_failed: false,
@@ -390,15 +402,18 @@ impl ProcEntry {
             self.next_rescan = ctx.now + s.rescan_interval;
         }
         if rescan_due {
-            self.rescans_since_program += 1;
-            self.program_due |= self.rescans_since_program >= s.program_every;
+            self.rescans_since_reconcile += 1;
+            if self.rescans_since_reconcile >= s.reconcile_every {
+                self.rescans_since_reconcile = 0;
+                self.program_due = true;
+                self.cgroup_due = true;
+            }
         }
         let program_due = renamed || (rescan_due && self.program_due);
         if self.view.kernel_thread || !(program_due || rescan_due) {
             return Ok(());
         }
         let (exe_changed, cmd_changed) = if program_due {
-            self.rescans_since_program = 0;
             self.program_due = false;
             self.read_program(ctx)
         } else {
@@ -425,7 +440,7 @@ impl ProcEntry {
             self.scan_evidence(ctx, s.matcher, "renamed");
         }
         if rescan_due {
-            if self.read_cgroup(ctx) {
+            if std::mem::take(&mut self.cgroup_due) && self.read_cgroup(ctx) {
                 self.view.changes |= Changes::CGROUP;
             }
             let vsize_changed = self.vsize != self.vsize_at_scan;
@@ -443,6 +458,29 @@ impl ProcEntry {
     pub fn rescan_now(&mut self, now: Instant) {
         self.next_rescan = now;
         self.program_due = true;
+        self.cgroup_due = true;
+    }
+
+    /// The kernel told that thread `tid` was renamed: its name is read in
+    /// the next pass (the main thread's through the process's rescan, which
+    /// reads its stat, and the program if the name changed); a thread not
+    /// listed yet is listed then, with its name.
+    pub fn rename_told(&mut self, tid: i32, now: Instant) {
+        if tid == self.view.pid {
+            self.next_rescan = now;
+        }
+        if self.threads.binary_search_by_key(&tid, |t| t.view.tid).is_ok() {
+            self.names_told.push(tid);
+        } else {
+            self.relist = true;
+        }
+    }
+
+    /// The kernel told that the process (or one of its threads) moved to
+    /// another cgroup: it is read in the next pass.
+    pub fn cgroup_told(&mut self, now: Instant) {
+        self.next_rescan = now;
+        self.cgroup_due = true;
     }
 
     /// Whether the non-ML rescan is due.
@@ -456,12 +494,16 @@ impl ProcEntry {
         if !self.view.ml {
             self.link = None;
         } else if self.sample_from_kernel(ctx, gone) {
+            // (Its records name every thread.)
+            self.names_told.clear();
             return;
         }
         if self.relist {
             self.relist_threads(ctx, ids, gone);
         }
-        // Names, on each thread's own back-off schedule.
+        // Names: those the kernel told changed, and the others on each
+        // thread's own back-off schedule.
+        self.check_told_names(ctx, gone);
         self.check_names(ctx, gone);
         if !self.view.ml {
             return;
@@ -499,6 +541,32 @@ impl ProcEntry {
         // (These samples cover time the debt already counted.)
         self.sample_threads(ctx, gone, |t, now| !t.sampled_at(now));
         self.quiet_debt_ns = 0;
+    }
+
+    /// Re-reads the names of the threads the kernel told were renamed,
+    /// held back or not.
+    fn check_told_names(&mut self, ctx: &mut PassCtx, gone: &mut Vec<GoneThread>) {
+        if self.names_told.is_empty() {
+            return;
+        }
+        let mut told = std::mem::take(&mut self.names_told);
+        told.sort_unstable();
+        told.dedup();
+        for &tid in &told {
+            let Ok(i) = self.threads.binary_search_by_key(&tid, |t| t.view.tid) else {
+                continue;
+            };
+            match self.threads[i].check_name(ctx) {
+                Err(ReadError::Gone) => self.drop_thread(i, gone),
+                _ => {
+                    let t = &self.threads[i];
+                    self.threads_dirty |= t.dirty;
+                    self.name_queue.push(Reverse((t.next_name_check(), tid, i)));
+                }
+            }
+        }
+        told.clear();
+        self.names_told = told;
     }
 
     /// Re-reads the names of the threads due (name_queue), in due order.

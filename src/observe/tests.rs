@@ -428,7 +428,7 @@ fn with_process_events_new_work_comes_from_the_events_not_from_listings() {
     write_proc(root, &q);
     assert!(poll(&mut o).process(61).is_none());
     // ... one it told of is, at the next pass, without a listing.
-    o.note_process_events(&[ProcEvent { kind: ProcEventKind::New, pid: 61, start_ticks: q.start }]);
+    o.note_process_events(&[ProcEvent { kind: ProcEventKind::New, pid: 61, tid: 61, start_ticks: q.start }]);
     let s = poll(&mut o);
     assert!(proc_of(&s, 61).changes.contains(Changes::NEW));
     assert_eq!(o.discovery_counts(), (1, 1));
@@ -437,13 +437,13 @@ fn with_process_events_new_work_comes_from_the_events_not_from_listings() {
     p.cmdline = vec!["second".into()];
     write_proc(root, &p);
     assert_eq!(proc_of(&poll(&mut o), 60).cmdline.as_ref(), "first");
-    o.note_process_events(&[ProcEvent { kind: ProcEventKind::Exec, pid: 60, start_ticks: p.start }]);
+    o.note_process_events(&[ProcEvent { kind: ProcEventKind::Exec, pid: 60, tid: 60, start_ticks: p.start }]);
     let s = poll(&mut o);
     assert!(proc_of(&s, 60).changes.contains(Changes::EXEC));
     assert_eq!(proc_of(&s, 60).cmdline.as_ref(), "second");
     // An exit told: its threads are gone at the next pass.
     remove_proc(root, 61);
-    o.note_process_events(&[ProcEvent { kind: ProcEventKind::Exit, pid: 61, start_ticks: q.start }]);
+    o.note_process_events(&[ProcEvent { kind: ProcEventKind::Exit, pid: 61, tid: 61, start_ticks: q.start }]);
     let s = poll(&mut o);
     assert!(s.process(61).is_none());
     assert_eq!(s.gone.iter().map(|g| g.tid).collect::<Vec<_>>(), vec![61]);
@@ -453,7 +453,7 @@ fn with_process_events_new_work_comes_from_the_events_not_from_listings() {
     p.threads[0].start += 500;
     p.threads[0].comm = "reused".into();
     write_proc(root, &p);
-    o.note_process_events(&[ProcEvent { kind: ProcEventKind::New, pid: 60, start_ticks: p.start }]);
+    o.note_process_events(&[ProcEvent { kind: ProcEventKind::New, pid: 60, tid: 60, start_ticks: p.start }]);
     let s = poll(&mut o);
     assert_eq!(s.gone.iter().map(|g| (g.tid, g.start_ticks)).collect::<Vec<_>>(), vec![(60, 1060)]);
     assert!(proc_of(&s, 60).changes.contains(Changes::NEW));
@@ -469,6 +469,61 @@ fn with_process_events_new_work_comes_from_the_events_not_from_listings() {
     poll(&mut o);
     write_proc(root, &FakeProc::new(63, 1, "listed"));
     assert!(poll(&mut o).process(63).is_some());
+}
+
+#[test]
+fn renames_and_cgroup_moves_told_by_the_kernel_are_read_at_the_next_pass() {
+    let dir = TempDir::new("observe-told");
+    let root = dir.path();
+    let mut p = FakeProc::new(80, 1, "server");
+    p.threads.push(FakeThread::new(81, "worker"));
+    write_proc(root, &p);
+    // Rescans an hour apart, and no name check in the next 150 ms (the
+    // first comes 150-250 ms after discovery): only the events can tell.
+    let cfg = ObserveConfig { thread_name_interval_ms: 3_600_000, rescan_interval_ms: 3_600_000, ..config(root) };
+    let mut o = Observer::new(&cfg);
+    o.set_process_events(true);
+    poll(&mut o);
+    let start = p.start;
+    let told = |kind, tid| ProcEvent { kind, pid: 80, tid, start_ticks: start };
+    // A thread renamed and the process moved, not told: not seen.
+    p.thread(81).comm = "pt_data_worker".into();
+    p.cgroup = "/jobs/a".into();
+    write_proc(root, &p);
+    let s = poll(&mut o);
+    assert_eq!(thread_of(&s, 81).comm.as_ref(), "worker");
+    assert_eq!(proc_of(&s, 80).cgroup.as_ref(), "/user.slice/session-1.scope");
+    // Told: both read in the next pass.
+    o.note_process_events(&[told(ProcEventKind::Rename, 81), told(ProcEventKind::CgroupMove, 80)]);
+    let s = poll(&mut o);
+    assert_eq!(thread_of(&s, 81).comm.as_ref(), "pt_data_worker");
+    assert!(thread_of(&s, 81).changes.contains(Changes::RENAMED));
+    assert_eq!(proc_of(&s, 80).cgroup.as_ref(), "/jobs/a");
+    assert!(proc_of(&s, 80).changes.contains(Changes::CGROUP));
+    // The main thread's rename told: the process is renamed too.
+    p.comm = "server-2".into();
+    p.thread(80).comm = "server-2".into();
+    write_proc(root, &p);
+    o.note_process_events(&[told(ProcEventKind::Rename, 80)]);
+    let s = poll(&mut o);
+    assert_eq!(proc_of(&s, 80).comm.as_ref(), "server-2");
+    assert!(proc_of(&s, 80).changes.contains(Changes::RENAMED));
+    assert_eq!(thread_of(&s, 80).comm.as_ref(), "server-2");
+    // A thread started after the listing, renamed: listed then, named.
+    p.threads.push(FakeThread::new(82, "pt_data_worker_1"));
+    write_proc(root, &p);
+    assert!(poll(&mut o).thread(82).is_none(), "no rescan is due");
+    o.note_process_events(&[told(ProcEventKind::Rename, 82)]);
+    assert_eq!(thread_of(&poll(&mut o), 82).comm.as_ref(), "pt_data_worker_1");
+    // Another incarnation's events, and events while they are off, are
+    // ignored.
+    p.thread(81).comm = "other".into();
+    write_proc(root, &p);
+    o.note_process_events(&[ProcEvent { start_ticks: start + 1, ..told(ProcEventKind::Rename, 81) }]);
+    assert_eq!(thread_of(&poll(&mut o), 81).comm.as_ref(), "pt_data_worker");
+    o.set_process_events(false);
+    o.note_process_events(&[told(ProcEventKind::Rename, 81)]);
+    assert_eq!(thread_of(&poll(&mut o), 81).comm.as_ref(), "pt_data_worker");
 }
 
 #[test]

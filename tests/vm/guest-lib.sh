@@ -26,6 +26,9 @@
 #   ztask_is TID FIELD VALUE, zcounter_gt CLASS STAT N, file_gt FILE N
 #                                   conditions for wait_until
 #   tids_by_comm NAME               TIDs of all threads whose comm is NAME
+#   other_tid PID                   a thread of PID other than the main one
+#   sleep_until T                   sleep until uptime T (fractional seconds)
+#   secs_since T                    seconds (tenths) from uptime T to now
 #   alive PID                       PID exists and is not a zombie
 #   dmesg_new, dmesg_clean          kernel log since the case started
 #   finish
@@ -37,6 +40,14 @@ _zpass=0 _zfail=0 _zlog_shown=0
 
 # Seconds since boot, with hundredths (the kernel log's clock).
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
+# sleep_until T : sleeps until uptime T (seconds, fractional).
+sleep_until() {
+  local s
+  s=$(awk -v t="$1" -v n="$(uptime_s)" 'BEGIN { d = t - n; printf "%.2f", (d > 0 ? d : 0) }')
+  sleep "$s"
+}
+# secs_since T : seconds, to a tenth, from uptime T until now.
+secs_since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN { printf "%.1f", b - a }'; }
 
 # Kernel log lines are judged from this mark on: boot itself logs lines such as
 # "NMI watchdog: Perf NMI watchdog permanently disabled" that say nothing about
@@ -275,6 +286,13 @@ tids_by_comm() {
     f=${f%/comm}; echo "${f##*/}"
   done
   return 0
+}
+# other_tid PID : a thread of PID other than the main one (none: empty).
+other_tid() {
+  local t
+  for t in /proc/"$1"/task/*; do
+    [ "${t##*/}" != "$1" ] && { echo "${t##*/}"; return; }
+  done
 }
 
 # ---- how much a thread runs -------------------------------------------------------

@@ -15,12 +15,26 @@
 #    (a cmdline rule: latency): the kernel holds latency within 3 s.
 #  exit: its entry is gone (exit_task) and the daemon lets go of the
 #    process: the events grew by its exit.
+#  rename (tp_btf task_rename): thread_name_interval_ms = 600000. A thread
+#    other than the main one renames itself (prctl PR_SET_NAME, as
+#    pthread_setname_np does, within 10 ms of a file's creation) to a
+#    comm rule's name (batch) 3 s after its 12.6 j s name check, 6.5 s or
+#    more before the next (see timing_keys.sh: 0.2, 0.6, ... 12.6, 25.4 s
+#    times j = 0.75 + (tid % 50) / 100 after it is found): the kernel holds
+#    batch within 3 s.
+#  cgroup move (tp_btf cgroup_attach_task): a process is moved to a cgroup
+#    rule's cgroup (latency) 3 s or more away from its first rescan (which
+#    would not read the cgroup anyway: with events, every 5th does): the
+#    kernel holds latency within 3 s.
+# timing_keys.sh runs the same rename and move with process_events = false:
+# not within 3 s with long intervals.
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
 cat >/tmp/ev.toml <<'TOML'
 [observe]
 rescan_interval_ms = 30000
+thread_name_interval_ms = 600000
 
 [[rules]]
 cmdline = "--name zt_evt"
@@ -28,6 +42,14 @@ class = "batch"
 
 [[rules]]
 cmdline = "^sleep 61$"
+class = "latency"
+
+[[rules]]
+comm = "^zt_renamed$"
+class = "batch"
+
+[[rules]]
+cgroup = "^/zt_ev_moved$"
 class = "latency"
 TOML
 # metric NAME : the counter zernel_NAME_total, from the daemon's endpoint.
@@ -77,6 +99,41 @@ wait_until 5 metric_gt proc_events "$e2"
 e3=$(metric proc_events)
 assert_gt "exit: the kernel told of it (events grew)" "$e3" "$e2"
 assert_eq "exit: the kernel removed its entry" "$(ztask "$sh_pid" class)" ""
+# ---- rename of a thread other than the main one
+rm -f /tmp/ev.rename
+zernel-workload hog --name zt_rn --secs 120 --threads 2 --busy-pct 5 --rename zt_renamed --rename-when /tmp/ev.rename >/dev/null &
+rn=$!
+t0=$(uptime_s)
+wait_until 5 sh -c "[ \$(ls /proc/$rn/task 2>/dev/null | wc -l) -ge 2 ]"
+tid=$(other_tid "$rn")
+sleep_until "$(awk -v t="$tid" -v t0="$t0" 'BEGIN { printf "%.2f", t0 + 12.6 * (0.75 + (t % 50) / 100) + 3 }')"
+assert_eq "rename: the thread has no entry before" "$(ztask "$tid" class)" ""
+e4=$(metric proc_events)
+touch /tmp/ev.rename
+t1=$(uptime_s)
+wait_until 3 ztask_is "$tid" class batch
+echo "rename: $tid is $(cat "/proc/$rn/task/$tid/comm"), class '$(ztask "$tid" class)' $(secs_since "$t1") s after the rename"
+assert_eq "rename: the renamed thread's rule is in the kernel within 3 s" "$(ztask "$tid" class)" batch
+assert_eq "rename: the main thread keeps no entry" "$(ztask "$rn" class)" ""
+assert_gt "rename: the kernel told of it (events grew)" "$(metric proc_events)" "$e4"
+kill "$rn" 2>/dev/null; wait "$rn" 2>/dev/null
+
+# ---- cgroup move
+CG=/sys/fs/cgroup/zt_ev_moved
+mkdir -p "$CG"
+zernel-workload hog --name zt_mv --secs 120 --busy-pct 5 >/dev/null &
+mv=$!
+t0=$(uptime_s)
+sleep_until "$(awk -v p="$mv" -v t0="$t0" 'BEGIN { s = (p % 97) / 97 * 30; printf "%.2f", t0 + (s > 6 ? 3 : s + 3) }')"
+assert_eq "cgroup move: the process has no entry before" "$(ztask "$mv" class)" ""
+echo "$mv" >"$CG/cgroup.procs"
+t1=$(uptime_s)
+wait_until 3 ztask_is "$mv" class latency
+echo "cgroup move: $mv is in $(cut -d: -f3 "/proc/$mv/cgroup"), class '$(ztask "$mv" class)' $(secs_since "$t1") s after the move"
+assert_eq "cgroup move: the cgroup's rule is in the kernel within 3 s" "$(ztask "$mv" class)" latency
+kill "$mv" 2>/dev/null; wait "$mv" 2>/dev/null
+rmdir "$CG" 2>/dev/null
+
 l3=$(metric proc_listings)
 echo "listings over the case: $l0 -> $l3 (one every 150 s)"
 assert_eq "no listing of /proc since start" "$l3" "$l0"

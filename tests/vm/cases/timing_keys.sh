@@ -6,7 +6,9 @@
 # the daemon attached, changes at a time chosen from the daemon's schedule
 # for it, and the time from the change until the kernel holds the expected
 # class is measured. Rules give class batch to the name "zt_after" and to
-# the cgroup /zt_rescan.
+# the cgroup /zt_rescan. The name and cgroup runs set process_events =
+# false: with the kernel's events (proc_events.sh) a rename or a move is
+# read at the next pass whatever the intervals, which only reconcile.
 #  thread_name_interval_ms: a thread other than the main one renames itself
 #    to zt_after. Its name is re-read 0.2, 0.6, 1.4, 3.0, 6.2, 12.6,
 #    25.4 s... after the daemon sees it (each interval doubling up to the
@@ -54,11 +56,6 @@ start_daemon() {
   } >"$W/$name.toml"
   zernel_start "$W/$name.toml"
 }
-# sleep_until T : sleeps until uptime T (seconds, fractional).
-sleep_until() {
-  _s=$(awk -v t="$1" -v n="$(uptime_s)" 'BEGIN { d = t - n; printf "%.2f", (d > 0 ? d : 0) }')
-  sleep "$_s"
-}
 # entry_after T0 LIMIT TID CLASS : seconds from uptime T0 until the kernel
 # holds CLASS for TID, or "none" after LIMIT s.
 entry_after() {
@@ -67,12 +64,6 @@ entry_after() {
     if [ "$(ztask "$3" class)" = "$4" ]; then echo "$_el"; return; fi
     if awk -v e="$_el" -v l="$2" 'BEGIN { exit !(e > l) }'; then echo none; return; fi
     sleep 0.2
-  done
-}
-# other_tid PID : a thread of PID other than the main one.
-other_tid() {
-  for _t in /proc/"$1"/task/*; do
-    [ "${_t##*/}" != "$1" ] && { echo "${_t##*/}"; return; }
   done
 }
 # within D S, later D S : D is a number of seconds or "none" (not by the
@@ -88,7 +79,7 @@ stop_daemon() {
 
 # name_run CAP_MS : the delay for a renamed non-main thread.
 name_run() {
-  start_daemon "n$1" "thread_name_interval_ms = $1" || { D=fail; return; }
+  start_daemon "n$1" "thread_name_interval_ms = $1" "process_events = false" || { D=fail; return; }
   rm -f "$W/go"
   zernel-workload hog --name zt_before --secs 60 --threads 2 --rename zt_after --rename-when "$W/go" &
   hog=$!
@@ -100,12 +91,13 @@ name_run() {
   : >"$W/go"
   D=$(entry_after "$(uptime_s)" 18 "$tid" batch)
   kill "$hog" 2>/dev/null; wait "$hog" 2>/dev/null
+  check "thread_name_interval_ms = $1: the daemon says process events are off" grep -q "process events: off" "$ZLOG"
   stop_daemon "thread_name_interval_ms = $1"
 }
 
 # rescan_run INTERVAL_MS : the delay for a process moved to /zt_rescan.
 rescan_run() {
-  start_daemon "r$1" "rescan_interval_ms = $1" || { D=fail; return; }
+  start_daemon "r$1" "rescan_interval_ms = $1" "process_events = false" || { D=fail; return; }
   zernel-workload hog --name zt_moved --secs 60 &
   hog=$!
   t0=$(uptime_s)
