@@ -462,14 +462,13 @@ impl ProcEntry {
     }
 
     /// The kernel told that thread `tid` was renamed: its name is read in
-    /// the next pass (the main thread's through the process's rescan, which
-    /// reads its stat, and the program if the name changed); a thread not
+    /// the next pass (the main thread's by the process's rescan, which
+    /// reads its stat, renames it and reads the program); a thread not
     /// listed yet is listed then, with its name.
     pub fn rename_told(&mut self, tid: i32, now: Instant) {
         if tid == self.view.pid {
             self.next_rescan = now;
-        }
-        if self.threads.binary_search_by_key(&tid, |t| t.view.tid).is_ok() {
+        } else if self.threads.binary_search_by_key(&tid, |t| t.view.tid).is_ok() {
             self.names_told.push(tid);
         } else {
             self.relist = true;
@@ -556,14 +555,7 @@ impl ProcEntry {
             let Ok(i) = self.threads.binary_search_by_key(&tid, |t| t.view.tid) else {
                 continue;
             };
-            match self.threads[i].check_name(ctx) {
-                Err(ReadError::Gone) => self.drop_thread(i, gone),
-                _ => {
-                    let t = &self.threads[i];
-                    self.threads_dirty |= t.dirty;
-                    self.name_queue.push(Reverse((t.next_name_check(), tid, i)));
-                }
-            }
+            self.check_name_of(i, ctx, gone);
         }
         told.clear();
         self.names_told = told;
@@ -601,13 +593,19 @@ impl ProcEntry {
                 continue;
             }
             debug_assert!(t.name_due(ctx.now));
-            match t.check_name(ctx) {
-                Err(ReadError::Gone) => self.drop_thread(i, gone),
-                _ => {
-                    let t = &self.threads[i];
-                    self.threads_dirty |= t.dirty;
-                    self.name_queue.push(Reverse((t.next_name_check(), tid, i)));
-                }
+            self.check_name_of(i, ctx, gone);
+        }
+    }
+
+    /// Re-reads thread `i`'s name and queues its next check (or drops it:
+    /// gone).
+    fn check_name_of(&mut self, i: usize, ctx: &mut PassCtx, gone: &mut Vec<GoneThread>) {
+        match self.threads[i].check_name(ctx) {
+            Err(ReadError::Gone) => self.drop_thread(i, gone),
+            _ => {
+                let t = &self.threads[i];
+                self.threads_dirty |= t.dirty;
+                self.name_queue.push(Reverse((t.next_name_check(), t.view.tid, i)));
             }
         }
     }
