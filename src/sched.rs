@@ -150,7 +150,7 @@ pub struct Counters {
 
 /// Names of the per-class counters, in `enum zernel_class_stat` order.
 pub(crate) const CLASS_STAT_NAMES: [&str; bpf_intf::zernel_class_stat_ZSTAT_CLASS_NR as usize] =
-    ["enqueued", "dispatched", "direct", "preempted", "starved", "wake_preempt"];
+    ["enqueued", "dispatched", "direct", "preempted", "starved", "wake_preempt", "kept"];
 /// Names of the global counters, in `enum zernel_global_stat` order.
 pub(crate) const GLOBAL_STAT_NAMES: [&str; bpf_intf::zernel_global_stat_ZGSTAT_NR as usize] = [
     "map_hit",

@@ -98,6 +98,8 @@ pub struct Metrics {
     pub wake_preempted: u64,
     #[stat(desc = "Dispatches forced by the starvation bound (all classes)")]
     pub starved: u64,
+    #[stat(desc = "Slice ends where the task kept its CPU: it went before the head of its own queue, which was next (all classes)")]
+    pub kept: u64,
     #[stat(desc = "Dispatches stolen from another NUMA node's queues")]
     pub steals: u64,
     #[stat(desc = "Enqueues that found no decision (default class)")]
@@ -205,6 +207,7 @@ impl Metrics {
         self.direct = sum(i::zernel_class_stat_ZSTAT_DIRECT);
         self.preempted = sum(i::zernel_class_stat_ZSTAT_PREEMPTED);
         self.starved = sum(i::zernel_class_stat_ZSTAT_STARVED);
+        self.kept = sum(i::zernel_class_stat_ZSTAT_KEPT);
         self.wake_preempted = sum(i::zernel_class_stat_ZSTAT_WAKE_PREEMPT);
         self.steals = c.global[i::zernel_global_stat_ZGSTAT_STEAL as usize];
         self.map_misses = c.global[i::zernel_global_stat_ZGSTAT_MAP_MISS as usize];
@@ -235,6 +238,7 @@ impl Metrics {
             direct: d(self.direct, prev.direct),
             preempted: d(self.preempted, prev.preempted),
             wake_preempted: d(self.wake_preempted, prev.wake_preempted),
+            kept: d(self.kept, prev.kept),
             starved: d(self.starved, prev.starved),
             steals: d(self.steals, prev.steals),
             map_misses: d(self.map_misses, prev.map_misses),
@@ -263,7 +267,7 @@ impl Metrics {
     pub fn format<W: Write>(&self, w: &mut W) -> Result<()> {
         writeln!(
             w,
-            "[zernel] enq lat/ml/nrm/bat {}/{}/{}/{} disp {}/{}/{}/{} | direct {} preempt {} wake-preempt {} starved {} steal {} | \
+            "[zernel] enq lat/ml/nrm/bat {}/{}/{}/{} disp {}/{}/{}/{} | direct {} kept {} preempt {} wake-preempt {} starved {} steal {} | \
              map {}/{} miss {} stale {} written {} full {} | inherited {} hit {} end {}",
             self.latency_enqueued,
             self.ml_enqueued,
@@ -274,6 +278,7 @@ impl Metrics {
             self.normal_dispatched,
             self.batch_dispatched,
             self.direct,
+            self.kept,
             self.preempted,
             self.wake_preempted,
             self.starved,

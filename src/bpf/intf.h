@@ -82,6 +82,8 @@ enum zernel_class_stat {
 	ZSTAT_PREEMPTED,  /* wakeups that preempted a lower class */
 	ZSTAT_STARVED,	  /* dispatches forced by the starvation bound */
 	ZSTAT_WAKE_PREEMPT, /* short-burst wakeups that took their CPU back (wake_victim) */
+	ZSTAT_KEPT, /* slice ends where the task kept its CPU: it went before
+		     * the head of its queue, which was next (keep_prev) */
 	ZSTAT_CLASS_NR,
 };
 

@@ -17,9 +17,13 @@
  *                 the hog preempted (wake_victim)
  *              └─ else: dsq[node][class], in task vtime order (see
  *                      queue_vtime()); kick an idle CPU, its node first
- *   slice end ─> zernel_enqueue again (SCX_OPS_ENQ_LAST): a task that runs
- *              alone on the wrong node moves to its node's idle CPU; any
- *              other task alone on its CPU keeps it (local queue)
+ *   slice end ─> zernel_dispatch, before the task is queued again: it
+ *              keeps its CPU for another slice if the next task would come
+ *              from its own queue and it goes before that queue's head
+ *              (see keep_prev()); else zernel_enqueue again. Alone on
+ *              its CPU (SCX_OPS_ENQ_LAST): a task on the wrong node moves
+ *              to its node's idle CPU; any other keeps its CPU (local
+ *              queue)
  *   preempted inside migrate_disable() ─> zernel_enqueue
  *              (SCX_OPS_ENQ_MIGRATION_DISABLED): its own node's class
  *              queue, never another CPU's local queue
@@ -47,6 +51,9 @@
  *              3. shares: the share with queued work and the least
  *                 weighted CPU time (vtime += runtime * UNIT / weight);
  *                 inside it, ml > normal > batch
+ *                 (at 2 and 3, a task whose slice ended and that is
+ *                 still runnable keeps the CPU if the pick comes from its
+ *                 own queue and it goes before that queue's head)
  *              4. other nodes' queues, same order, from nodes with no idle
  *                 CPU (steal: work-conserving, but a node's own idle CPUs
  *                 get its work first)
@@ -694,22 +701,44 @@ static s32 wake_victim(struct task_struct *p, u32 class, s32 tenant, u64 now)
  * The starvation bound does not read the vtime: it reads each queue head's
  * enqueue time (enq_at).
  */
-static u64 queue_vtime(struct task_struct *p, struct task_ctx *tctx, u32 class,
-		       s32 share)
+/* The clock of @class in @share; NR_VCLOCKS if there is none. */
+static __always_inline u32 vclock_of(u32 class, s32 share)
 {
 	u32 q = (u32)(share + 1) * ZCLASS_NR + class;
-	u64 clock, floor, vt = p->scx.dsq_vtime;
+
+	return q < NR_VCLOCKS && class < ZCLASS_NR ? q : NR_VCLOCKS;
+}
+
+/* The vtime a task of @class with vtime @vt queues with against clock @q. */
+static __always_inline u64 vtime_against(struct task_ctx *tctx, u32 q,
+					 u32 class, u64 vt)
+{
+	u64 clock, floor;
 
 	if (q >= NR_VCLOCKS || class >= ZCLASS_NR)
 		return vt;
 	clock = vclock[q];
-	if (!tctx || tctx->vclock != q) {
-		if (tctx)
-			tctx->vclock = q;
+	if (!tctx || tctx->vclock != q)
 		return clock;
-	}
 	floor = clock - class_slice_ns[class];
 	return (s64)(vt - floor) < 0 ? floor : vt;
+}
+
+static u64 queue_vtime(struct task_struct *p, struct task_ctx *tctx, u32 class,
+		       s32 share)
+{
+	u32 q = vclock_of(class, share);
+	u64 vt = vtime_against(tctx, q, class, p->scx.dsq_vtime);
+
+	if (tctx && q < NR_VCLOCKS)
+		tctx->vclock = q;
+	return vt;
+}
+
+/* What @used ns of CPU time add to @p's vtime: weighted by its nice level. */
+static __always_inline u64 task_vtime_of(struct task_struct *p, u64 used)
+{
+	return used * 100 / (p->scx.weight ?: 100);
 }
 
 void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
@@ -906,11 +935,116 @@ static __always_inline bool older(u64 dsq, u64 bound, u64 now, u64 *oldest)
 	return true;
 }
 
+/*
+ * Slice end of a task that is still runnable. The kernel asks its CPU for
+ * the next task before the task goes back to its queue (ops.dispatch comes
+ * before ops.stopping and ops.enqueue), so taking the head of the queue
+ * unconditionally would take the CPU from a task that ranks ahead of that
+ * head in its own queue: with two nice-0 and two nice-10 hogs on two CPUs,
+ * a CPU whose nice-0 hog's slice ends while the other runs finds only the
+ * nice-10 ones queued, and nice 0 gets 2x the CPU of nice 10, not 9x. So
+ * dispatch ranks it as if it were queued (rank_prev), and when the task it
+ * would serve next comes from that same queue, the task keeps its CPU for
+ * another slice (keep_prev) if it goes before that queue's head: its vtime,
+ * this slice charged, is the lower. Nothing queued on its node at all: it
+ * keeps its CPU too.
+ *
+ * Only against its own queue: when the next task comes from a lower class
+ * or another share, that task is served as before, and the one whose slice
+ * ended goes back to its queue, where the next CPU to dispatch finds it.
+ * The starvation bound serves only a queue's head, so a class served by it
+ * alone could leave a low-weight task behind a stream of others for longer
+ * than the kernel's watchdog allows.
+ */
+struct rank {
+	u32 class;
+	s32 share;
+	u64 vt; /* its vtime in its class queue, this slice charged */
+};
+
+/*
+ * @prev's rank if it is still runnable, may stay on @cpu and was started by
+ * this scheduler; false otherwise.
+ */
+static bool rank_prev(struct task_struct *prev, s32 cpu, u64 now,
+		      struct rank *r)
+{
+	struct task_ctx *tctx;
+	u64 used;
+
+	if (!prev || !(prev->scx.flags & SCX_TASK_QUEUED) ||
+	    !bpf_cpumask_test_cpu(cpu, prev->cpus_ptr))
+		return false;
+	tctx = bpf_task_storage_get(&task_ctxs, prev, 0, 0);
+	if (!tctx || !tctx->started_at)
+		return false;
+	used = now - tctx->started_at;
+	r->class = tctx->class < ZCLASS_NR ? tctx->class : ZCLASS_NORMAL;
+	r->share = share_of(r->class, tctx->tenant);
+	r->vt = vtime_against(tctx, vclock_of(r->class, r->share), r->class,
+			      prev->scx.dsq_vtime + task_vtime_of(prev, used));
+	return true;
+}
+
+/* Does a task with vtime @vt go before @dsq's head (a queued one)? */
+static __always_inline bool before_head(u64 dsq, u64 vt)
+{
+	struct task_struct *head = __COMPAT_scx_bpf_dsq_peek(dsq);
+
+	return head && (s64)(vt - head->scx.dsq_vtime) < 0;
+}
+
+/*
+ * Does a task ranked @r keep its CPU, @sh being the share pick_share()
+ * chose on @node (-1: nothing queued there)? Only if nothing is queued, or
+ * the next task would come from its own class queue and it goes before
+ * that queue's head.
+ */
+static bool prev_first(const struct rank *r, s32 sh, u32 node)
+{
+	u32 c;
+
+	if (sh < 0)
+		return true;
+	if (r->share != sh)
+		return false;
+	bpf_for(c, ZCLASS_ML, ZCLASS_NR) {
+		u64 dsq = share_dsq(sh, node, c);
+
+		if (!scx_bpf_dsq_nr_queued(dsq))
+			continue;
+		return c == r->class && before_head(dsq, r->vt);
+	}
+	return false;
+}
+
+/*
+ * Keeps @prev, ranked @r, on its CPU for another slice, if its decision
+ * still gives that rank (a new class or tenant takes effect through
+ * zernel_enqueue) and names no other node it may run on.
+ */
+static bool keep_prev(struct task_struct *prev, const struct rank *r, u32 node)
+{
+	struct task_ctx *tctx = bpf_task_storage_get(&task_ctxs, prev, 0, 0);
+	struct task_class *tc = lookup_decision(prev, tctx);
+	u32 class = class_of(tc);
+
+	if (class != r->class ||
+	    share_of(class, tenant_of(tc, class)) != r->share)
+		return false;
+	if (tc && tc->node != (s32)node && may_run_on_node(prev, tc->node))
+		return false;
+	prev->scx.slice = slice_of(tc, class);
+	count_class_event(class, ZSTAT_KEPT);
+	return true;
+}
+
 void BPF_STRUCT_OPS(zernel_dispatch, s32 cpu, struct task_struct *prev)
 {
 	u64 now = bpf_ktime_get_ns(), oldest = 0, starved = 0;
 	u32 mynode = node_of(cpu), n, c, t, starved_class = 0;
-	bool found = false;
+	bool found = false, ranked;
+	struct rank r;
 	s32 sh;
 
 	/*
@@ -950,13 +1084,22 @@ void BPF_STRUCT_OPS(zernel_dispatch, s32 cpu, struct task_struct *prev)
 		return;
 
 classes:
+	/* A task at its slice end keeps its CPU if it heads its own queue. */
+	ranked = rank_prev(prev, cpu, now, &r);
+
 	/* 2. This node's latency queue: above all shares. */
+	if (ranked && r.class == ZCLASS_LATENCY &&
+	    before_head(dsq_id(mynode, ZCLASS_LATENCY), r.vt) &&
+	    keep_prev(prev, &r, mynode))
+		return;
 	if (dispatch_from(dsq_id(mynode, ZCLASS_LATENCY), ZCLASS_LATENCY,
 			  ZSTAT_CLASS_NR))
 		return;
 
 	/* 3. Shares: the one with queued work and the lowest vtime. */
 	sh = pick_share(mynode);
+	if (ranked && prev_first(&r, sh, mynode) && keep_prev(prev, &r, mynode))
+		return;
 	if (sh >= 0 && dispatch_share(sh, mynode))
 		return;
 
@@ -1026,7 +1169,7 @@ void BPF_STRUCT_OPS(zernel_stopping, struct task_struct *p, bool runnable)
 	used = bpf_ktime_get_ns() - tctx->started_at;
 	tctx->started_at = 0;
 	tctx->burst_ns += used;
-	p->scx.dsq_vtime += used * 100 / (p->scx.weight ?: 100);
+	p->scx.dsq_vtime += task_vtime_of(p, used);
 	if (!runnable) {
 		tctx->avg_burst_ns =
 			(tctx->avg_burst_ns * 3 + tctx->burst_ns) / 4;
