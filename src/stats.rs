@@ -102,7 +102,7 @@ pub struct Metrics {
     pub kept: u64,
     #[stat(desc = "Dispatches stolen from another NUMA node's queues")]
     pub steals: u64,
-    #[stat(desc = "Enqueues that found no decision (default class)")]
+    #[stat(desc = "Lookups (wakeups, enqueues, kept slice ends) that found no decision (default class)")]
     pub map_misses: u64,
     #[stat(desc = "Lookups that found another task's entry (TID recycled): ignored")]
     pub map_stale: u64,

@@ -69,7 +69,7 @@ struct task_class {
 	s32 tenant;   /* tenant index, -1 = none */
 	u32 pad;
 	u64 start_ticks; /* task start time in USER_HZ ticks */
-	u64 applied; /* written by BPF: times this entry was looked up (once per wakeup or enqueue) */
+	u64 applied; /* written by BPF: times this entry was looked up (once per wakeup, enqueue or kept slice end) */
 };
 
 /* Per-class counters. */
@@ -90,7 +90,7 @@ enum zernel_class_stat {
 /* Global counters. */
 enum zernel_global_stat {
 	ZGSTAT_MAP_HIT =
-		0, /* lookups (one per wakeup or enqueue) that found an entry */
+		0, /* lookups (one per wakeup, enqueue or kept slice end) that found an entry */
 	ZGSTAT_MAP_MISS, /* lookups with no entry (default class) */
 	ZGSTAT_MAP_STALE, /* lookups that found another task's entry (TID recycled): ignored */
 	ZGSTAT_PREF_CPU, /* select_cpu used the preferred CPU */
