@@ -98,7 +98,9 @@ pub struct Metrics {
     pub wake_preempted: u64,
     #[stat(desc = "Dispatches forced by the starvation bound (all classes)")]
     pub starved: u64,
-    #[stat(desc = "Slice ends where the task kept its CPU: it went before the head of its own queue, which was next (all classes)")]
+    #[stat(
+        desc = "Slice ends where the task kept its CPU: it went before the head of its own queue, which was next (all classes)"
+    )]
     pub kept: u64,
     #[stat(desc = "Dispatches stolen from another NUMA node's queues")]
     pub steals: u64,
