@@ -682,25 +682,6 @@ static s32 wake_victim(struct task_struct *p, u32 class, s32 tenant, u64 now)
 	return cpu;
 }
 
-/*
- * Task vtime: the order inside a class queue. A task's vtime
- * (p->scx.dsq_vtime) grows by its CPU time, weighted by its nice level
- * (zernel_stopping); the queue serves the least first, so a task that ran
- * less than the others in its queue goes first. Each class and share has a
- * clock, the largest vtime a task of it started running with
- * (zernel_running). A task that slept comes back no further behind its
- * clock than one class slice: the credit of a sleeper, like EEVDF's lag, and
- * what lets a short-burst wakeup pass CPU hogs, where a FIFO would queue it
- * behind every hog's slice. A task new to a clock (just created, or its
- * class or tenant changed) starts at it: no credit and no debt.
- *
- *   enqueue: vtime = max(own vtime, clock - class slice); new: clock
- *   running: clock = max(clock, vtime)
- *   stopping: vtime += runtime * 100 / weight
- *
- * The starvation bound does not read the vtime: it reads each queue head's
- * enqueue time (enq_at).
- */
 /* The clock of @class in @share; NR_VCLOCKS if there is none. */
 static __always_inline u32 vclock_of(u32 class, s32 share)
 {
@@ -724,6 +705,25 @@ static __always_inline u64 vtime_against(struct task_ctx *tctx, u32 q,
 	return (s64)(vt - floor) < 0 ? floor : vt;
 }
 
+/*
+ * Task vtime: the order inside a class queue. A task's vtime
+ * (p->scx.dsq_vtime) grows by its CPU time, weighted by its nice level
+ * (zernel_stopping); the queue serves the least first, so a task that ran
+ * less than the others in its queue goes first. Each class and share has a
+ * clock, the largest vtime a task of it started running with
+ * (zernel_running). A task that slept comes back no further behind its
+ * clock than one class slice: the credit of a sleeper, like EEVDF's lag, and
+ * what lets a short-burst wakeup pass CPU hogs, where a FIFO would queue it
+ * behind every hog's slice. A task new to a clock (just created, or its
+ * class or tenant changed) starts at it: no credit and no debt.
+ *
+ *   enqueue: vtime = max(own vtime, clock - class slice); new: clock
+ *   running: clock = max(clock, vtime)
+ *   stopping: vtime += runtime * 100 / weight
+ *
+ * The starvation bound does not read the vtime: it reads each queue head's
+ * enqueue time (enq_at).
+ */
 static u64 queue_vtime(struct task_struct *p, struct task_ctx *tctx, u32 class,
 		       s32 share)
 {
@@ -957,6 +957,7 @@ static __always_inline bool older(u64 dsq, u64 bound, u64 now, u64 *oldest)
  * than the kernel's watchdog allows.
  */
 struct rank {
+	struct task_ctx *tctx;
 	u32 class;
 	s32 share;
 	u64 vt; /* its vtime in its class queue, this slice charged */
@@ -979,6 +980,7 @@ static bool rank_prev(struct task_struct *prev, s32 cpu, u64 now,
 	if (!tctx || !tctx->started_at)
 		return false;
 	used = now - tctx->started_at;
+	r->tctx = tctx;
 	r->class = tctx->class < ZCLASS_NR ? tctx->class : ZCLASS_NORMAL;
 	r->share = share_of(r->class, tctx->tenant);
 	r->vt = vtime_against(tctx, vclock_of(r->class, r->share), r->class,
@@ -1025,8 +1027,7 @@ static bool prev_first(const struct rank *r, s32 sh, u32 node)
  */
 static bool keep_prev(struct task_struct *prev, const struct rank *r, u32 node)
 {
-	struct task_ctx *tctx = bpf_task_storage_get(&task_ctxs, prev, 0, 0);
-	struct task_class *tc = lookup_decision(prev, tctx);
+	struct task_class *tc = lookup_decision(prev, r->tctx);
 	u32 class = class_of(tc);
 
 	if (class != r->class ||
