@@ -7,11 +7,13 @@
 //! median minus that of the same host without the workload, per 1000
 //! threads. Then it runs the daemon's loop (GPU refresh, observer pass,
 //! rules, phase detection, policy, decision diff: all but the BPF map
-//! writes) for 30 s at 100 ms with 2000 threads (long enough to include
-//! the quiet threads' fallback samples, every 15-25 s) and reports the
-//! process's CPU time (getrusage) as a percentage of one core; and without
-//! and with a policy script (`[policy] script`, [`SCRIPT`]) with the
-//! kernel's process events on, as the attached daemon runs.
+//! writes) at 100 ms with 2000 threads and the kernel's process events on,
+//! as the attached daemon runs, and reports the process's CPU time
+//! (getrusage) as a percentage of one core in the steady state: measured
+//! for 60 s once the quiet threads' first fallback samples are past (they
+//! go quiet together, and each is then sampled every 45-75 s, its own
+//! jitter apart: the 60 s hold about one fallback sample per thread). And
+//! without and with a policy script (`[policy] script`, [`SCRIPT`]).
 //!
 //! The policy script's own cost: one call of `decide` (the facts table
 //! built, the Lua function run, its table read back), the CPU time of
@@ -21,8 +23,9 @@
 //!
 //! `cargo bench --bench observe`, once `cargo build --release --workspace`
 //! has built zernel-workload (a crate of its own: cargo does not build it
-//! for this package's benches); add `-- --quick` for 20 passes and 3 s,
-//! `-- --cpu-only` for the CPU figures alone, `-- --script-only` for the
+//! for this package's benches); add `-- --quick` for 20 passes and 3 s
+//! (and no steady state), `-- --cpu-only` for the steady-state CPU figures
+//! alone (about 9 minutes), `-- --script-only` for the
 //! script's figures alone, `-- --events-only` for the process-events
 //! figures alone.
 //!
@@ -54,7 +57,7 @@ use scx_zernel::config::Config;
 use scx_zernel::decisions::{DecisionSink, Decisions};
 use scx_zernel::gpu::NoGpu;
 use scx_zernel::observe::taskiter::{self, TaskIter};
-use scx_zernel::observe::{MlEvidence, ObserveConfig, Observer, ThreadCounters, ThreadRole};
+use scx_zernel::observe::{MlEvidence, ObserveConfig, Observer, ThreadCounters, ThreadRole, QUIET_FALLBACK_FACTOR};
 use scx_zernel::phase::Phase;
 use scx_zernel::pipeline::Pipeline;
 use scx_zernel::policy::Decision;
@@ -173,16 +176,22 @@ impl DecisionSink for NoMap {
     fn remove(&self, _: u32) {}
 }
 
-/// The daemon's loop for `secs` (GPU refresh, observer pass, rules, phase
-/// detection, policy, decision diff); returns CPU % of one core.
-fn daemon_cpu(cfg: &ObserveConfig, secs: u64) -> f64 {
-    daemon_cpu_events(cfg, "", secs, false).0
+/// The daemon's loop (GPU refresh, observer pass, rules, phase detection,
+/// policy, decision diff), process events on, in the steady state: `warm`
+/// unmeasured, then `secs`; returns CPU % of one core.
+fn daemon_cpu(cfg: &ObserveConfig, warm: Duration, secs: u64) -> f64 {
+    daemon_cpu_warm(cfg, "", warm, secs, true).0
 }
 
-/// [`daemon_cpu`] with `[policy] script = script` (`""`: none) and the
-/// kernel's process events on or off (see [`time_passes_with`]); also
-/// returns the script's calls during the measured time.
+/// The daemon's loop for `secs` after 15 passes, with `[policy] script =
+/// script` (`""`: none) and the kernel's process events on or off (see
+/// [`time_passes_with`]); also returns the script's calls during the
+/// measured time.
 fn daemon_cpu_events(cfg: &ObserveConfig, script: &str, secs: u64, events: bool) -> (f64, u64) {
+    daemon_cpu_warm(cfg, script, PERIOD * 15, secs, events)
+}
+
+fn daemon_cpu_warm(cfg: &ObserveConfig, script: &str, warm: Duration, secs: u64, events: bool) -> (f64, u64) {
     let mut config = Config { observe: cfg.clone(), ..Config::default() };
     config.policy.script = script.to_string();
     let calls = |p: &Pipeline| {
@@ -198,7 +207,8 @@ fn daemon_cpu_events(cfg: &ObserveConfig, script: &str, secs: u64, events: bool)
         pipeline.pass();
         decisions.apply(&NoMap, pipeline.changed());
     };
-    for _ in 0..15 {
+    let warm0 = Instant::now();
+    while warm0.elapsed() < warm {
         pass(&mut pipeline);
         std::thread::sleep(PERIOD);
     }
@@ -289,6 +299,12 @@ fn main() {
     let events_only = std::env::args().any(|a| a == "--events-only");
     let counters_only = std::env::args().any(|a| a == "--counters-only");
     let (passes, cpu_secs) = if quick { (20, 3) } else { (50, 30) };
+    // The steady state: past the first fallback samples of threads that
+    // went quiet together (a second of activity, then at most 125 % of the
+    // fallback), then one mean fallback period.
+    let fallback = Duration::from_millis(ObserveConfig::default().quiet_sample_interval_ms) * QUIET_FALLBACK_FACTOR;
+    let (warm, steady_secs) =
+        if quick { (PERIOD * 15, 3) } else { (Duration::from_secs(2) + fallback * 5 / 4, fallback.as_secs()) };
     let cfg = ObserveConfig::default();
     let no_tier = ObserveConfig { quiet_sample_interval_ms: 0, ..ObserveConfig::default() };
 
@@ -301,15 +317,17 @@ fn main() {
         counters_figures(&no_tier, passes, cpu_secs);
         return;
     }
+    if cpu_only {
+        cpu_figures(&cfg, &no_tier, warm, steady_secs);
+        return;
+    }
     script_figures();
     if script_only {
         script_cpu(&cfg, cpu_secs);
         return;
     }
-    if !cpu_only {
-        pass_times(&cfg, &no_tier, passes);
-    }
-    cpu_figures(&cfg, &no_tier, cpu_secs);
+    pass_times(&cfg, &no_tier, passes);
+    cpu_figures(&cfg, &no_tier, warm, steady_secs);
     script_cpu(&cfg, cpu_secs);
     events_figures(&cfg, passes, cpu_secs);
     counters_figures(&cfg, passes, cpu_secs);
@@ -419,8 +437,11 @@ fn pass_times(cfg: &ObserveConfig, no_tier: &ObserveConfig, passes: usize) {
     }
 }
 
-fn cpu_figures(cfg: &ObserveConfig, no_tier: &ObserveConfig, cpu_secs: u64) {
-    println!("\ndaemon CPU without the BPF map writes (GPU refresh, pass, rules, phases, policy, decision diff), {cpu_secs} s at 100 ms");
+fn cpu_figures(cfg: &ObserveConfig, no_tier: &ObserveConfig, warm: Duration, secs: u64) {
+    println!(
+        "\ndaemon CPU without the BPF map writes (GPU refresh, pass, rules, phases, policy, decision diff), process events on, {secs} s at 100 ms after {} s",
+        warm.as_secs()
+    );
     for (name, ml, c) in [
         ("(a) ML process, 2000 threads", true, cfg),
         ("(a') ML, no quiet tier, 2000 threads", true, no_tier),
@@ -428,9 +449,9 @@ fn cpu_figures(cfg: &ObserveConfig, no_tier: &ObserveConfig, cpu_secs: u64) {
     ] {
         let _w = spawn(2000, ml);
         std::thread::sleep(Duration::from_millis(300));
-        println!("{name:<40} {:>6.2} % of one core", daemon_cpu(c, cpu_secs));
+        println!("{name:<40} {:>6.2} % of one core", daemon_cpu(c, warm, secs));
     }
-    println!("host baseline (no workload)               {:>6.2} % of one core", daemon_cpu(cfg, cpu_secs));
+    println!("host baseline (no workload)               {:>6.2} % of one core", daemon_cpu(cfg, warm, secs));
 }
 
 /// Pass time and the daemon loop's CPU with 2,000 threads and no new

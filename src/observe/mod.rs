@@ -151,6 +151,7 @@ use procfs::FromRead;
 pub use crate::config::{ObserveConfig, ThreadCounters};
 pub use evidence::resolve_visible_devices;
 pub use roles::{role_from_name, thread_role};
+pub use thread::QUIET_FALLBACK_FACTOR;
 pub use types::*;
 
 use crate::events::{ProcEvent, ProcEventKind};

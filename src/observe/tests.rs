@@ -266,19 +266,26 @@ fn deltas_of_ml_threads() {
     assert_eq!(thread_of(&s, 51).delta.unwrap().cpu_ns, 0);
 }
 
+/// An ML process `pid` (a trainer with RANK set) with one pool thread,
+/// `pid + 1`, observed once with `quiet_sample_interval_ms = quiet`.
+fn trainer_with_pool_thread(root: &Path, pid: i32, quiet: Duration) -> (FakeProc, Observer) {
+    let mut p = FakeProc::new(pid, 1, "trainer");
+    p.env.push(("RANK".into(), "0".into()));
+    p.threads.push(FakeThread::new(pid + 1, "omp_worker"));
+    write_proc(root, &p);
+    let cfg = ObserveConfig { quiet_sample_interval_ms: quiet.as_millis() as u64, ..config(root) };
+    let mut o = Observer::new(&cfg);
+    poll(&mut o);
+    (p, o)
+}
+
 #[test]
 fn quiet_pool_threads_are_sampled_less_often() {
     let dir = TempDir::new("observe-quiet");
     let root = dir.path();
-    let mut p = FakeProc::new(70, 1, "trainer");
-    p.env.push(("RANK".into(), "0".into()));
-    p.threads.push(FakeThread::new(71, "omp_worker"));
-    write_proc(root, &p);
-    // Checks of the process's CPU time every 200 ms; quiet threads sampled
-    // at least every 2 s.
-    let cfg = ObserveConfig { quiet_sample_interval_ms: 200, ..config(root) };
-    let mut o = Observer::new(&cfg);
-    poll(&mut o);
+    // Checks of the process's CPU time every 200 ms (quiet threads' own
+    // fallback: 18-30 s, out of this test's reach).
+    let (mut p, mut o) = trainer_with_pool_thread(root, 70, Duration::from_millis(200));
     // Quiet for more than a second: then the pool thread is held back; the
     // trainer keeps being sampled every pass.
     let start = std::time::Instant::now();
@@ -318,6 +325,47 @@ fn quiet_pool_threads_are_sampled_less_often() {
     let d = thread_of(&s, 71).delta.expect("sampled once the unaccounted time adds up to 30 ms");
     assert_eq!(d.cpu_ns, 60_000_000);
     assert!(d.detail.is_some(), "and read in detail: it was active");
+}
+
+#[test]
+fn quiet_threads_fall_back_to_a_sample_every_factor_quiet_intervals() {
+    let dir = TempDir::new("observe-quiet-fallback");
+    let root = dir.path();
+    let interval = Duration::from_millis(10);
+    // tid 171: its jitter is 75 + 171 % 50 = 96 % of the fallback.
+    let fallback = interval * QUIET_FALLBACK_FACTOR * 96 / 100;
+    let (_p, mut o) = trainer_with_pool_thread(root, 170, interval);
+    // Sampled every pass until it has been quiet for a second; the pass
+    // after its last sample holds it back.
+    let start = std::time::Instant::now();
+    let mut last = start;
+    loop {
+        let t = std::time::Instant::now();
+        let s = poll(&mut o);
+        if thread_of(&s, 171).delta.is_some() {
+            last = t;
+        } else if t.duration_since(start) > Duration::from_secs(1) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "the pool thread never went quiet");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // No activity the samples miss: only the fallback samples it, not
+    // before its time, and not much after.
+    let sampled_at = loop {
+        let t = std::time::Instant::now();
+        let s = poll(&mut o);
+        if thread_of(&s, 171).delta.is_some() {
+            break t;
+        }
+        assert!(t.duration_since(last) < fallback + Duration::from_millis(500), "held back past its fallback");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let after = sampled_at.duration_since(last);
+    assert!(
+        after + Duration::from_millis(20) >= fallback,
+        "sampled {after:?} after its last sample, before the fallback ({fallback:?})"
+    );
 }
 
 #[test]
