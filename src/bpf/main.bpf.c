@@ -19,8 +19,9 @@
  *                      queue_vtime()); kick an idle CPU, its node first
  *   slice end ─> zernel_dispatch, before the task is queued again: it
  *              keeps its CPU for another slice if the next task would come
- *              from its own queue and it goes before that queue's head
- *              (see keep_prev()); else zernel_enqueue again. Alone on
+ *              from its own queue and it goes before that queue's head, or
+ *              if nothing is queued on its node or waits on a saturated
+ *              one (see keep_prev()); else zernel_enqueue again. Alone on
  *              its CPU (SCX_OPS_ENQ_LAST): a task on the wrong node moves
  *              to its node's idle CPU; any other keeps its CPU (local
  *              queue)
@@ -947,7 +948,8 @@ static __always_inline bool older(u64 dsq, u64 bound, u64 now, u64 *oldest)
  * would serve next comes from that same queue, the task keeps its CPU for
  * another slice (keep_prev) if it goes before that queue's head: its vtime,
  * this slice charged, is the lower. Nothing queued on its node at all: it
- * keeps its CPU too.
+ * keeps its CPU too, unless a saturated node has work to steal (step 4
+ * comes first: that work is waiting, the task at its slice end has run).
  *
  * Only against its own queue: when the next task comes from a lower class
  * or another share, that task is served as before, and the one whose slice
@@ -998,16 +1000,13 @@ static __always_inline bool before_head(u64 dsq, u64 vt)
 
 /*
  * Does a task ranked @r keep its CPU, @sh being the share pick_share()
- * chose on @node (-1: nothing queued there)? Only if nothing is queued, or
- * the next task would come from its own class queue and it goes before
- * that queue's head.
+ * chose on @node (one with queued work)? Only if the next task would come
+ * from its own class queue and it goes before that queue's head.
  */
 static bool prev_first(const struct rank *r, s32 sh, u32 node)
 {
 	u32 c;
 
-	if (sh < 0)
-		return true;
 	if (r->share != sh)
 		return false;
 	bpf_for(c, ZCLASS_ML, ZCLASS_NR) {
@@ -1099,10 +1098,13 @@ classes:
 
 	/* 3. Shares: the one with queued work and the lowest vtime. */
 	sh = pick_share(mynode);
-	if (ranked && prev_first(&r, sh, mynode) && keep_prev(prev, &r, mynode))
-		return;
-	if (sh >= 0 && dispatch_share(sh, mynode))
-		return;
+	if (sh >= 0) {
+		if (ranked && prev_first(&r, sh, mynode) &&
+		    keep_prev(prev, &r, mynode))
+			return;
+		if (dispatch_share(sh, mynode))
+			return;
+	}
 
 	/*
 	 * 4. Steal from other nodes rather than idle, but only from a node
@@ -1119,6 +1121,10 @@ classes:
 			}
 		}
 	}
+
+	/* 5. Nothing to run here or to steal: the task keeps its CPU. */
+	if (ranked)
+		keep_prev(prev, &r, mynode);
 }
 
 void BPF_STRUCT_OPS(zernel_running, struct task_struct *p)

@@ -6,7 +6,8 @@
 # process that uses GPU 0 (CUDA_VISIBLE_DEVICES=0) gets node=1 in the kernel's
 # map and then runs >= 90% of its samples on node 1 while node 1 has an idle
 # CPU. With node 1 saturated by hogs pinned there, the thread still runs
-# (taken by node 0's CPUs) instead of waiting. Its own affinity mask is
+# (taken by node 0's CPUs) instead of waiting, also when node 0's CPUs are
+# busy with hogs of their own (taken at their slice ends). Its own affinity mask is
 # always respected, and pinned to node 0 it runs >= 90% as much as a thread
 # with no preferred node pinned beside it, never waiting for the starvation
 # bound: it queues on a node it may run on, not on its GPU's, and keeps its
@@ -82,6 +83,30 @@ echo "with node 1 saturated: $1 of $2 samples on node 1; on a CPU $pct% of its r
 assert_ge "still runs with node 1 saturated (on a CPU >= 50% of its runnable time, got $pct%)" "$pct" 50
 assert_gt "it ran on node 0 CPUs (steals)" $(($2 - $1)) 0
 assert_gt "samples were taken" "$2" 0
+
+# Node 0 busy too, with one pinned hog per CPU and nothing queued there: a
+# node 0 CPU at its hog's slice end takes the GPU thread waiting on node 1
+# (step 4 of dispatch) instead of giving its hog another slice at once.
+# (Kept there, the hogs would hold node 0, and the thread would wait on
+# node 1 for a hog's slice end there: the ML class outranks the hogs, so it
+# runs most of the time either way.)
+taskset -c 0-1 zernel-workload hog --name node0_hog --secs 60 --threads 2 &
+hogs0=$!
+node0_up() { [ "$(tids_by_comm node0_hog | wc -l)" -ge 2 ]; }
+wait_until 10 node0_up
+sleep 1
+sl0=$(zglobal steal)
+s0=$(schedstat_of "$feeder" "$tid")
+# shellcheck disable=SC2046 # split into numbers on purpose
+set -- $(sample "$tid" 60)
+s1=$(schedstat_of "$feeder" "$tid")
+sl1=$(zglobal steal)
+pct=$(run_pct "$s0" "$s1")
+echo "both nodes busy: $1 of $2 samples on node 1; on a CPU $pct% of its runnable time ($s0 -> $s1); steals $sl0 -> $sl1"
+assert_gt "both nodes busy: node 0 CPUs took it at their hogs' slice ends (steals moved: $sl0 -> $sl1)" "$sl1" "$sl0"
+assert_gt "both nodes busy: it ran on node 0 CPUs ($(($2 - $1)) of $2 samples)" $(($2 - $1)) 0
+assert_ge "both nodes busy: it still runs (on a CPU >= 50% of its runnable time, got $pct%)" "$pct" 50
+kill "$hogs0" 2>/dev/null; wait "$hogs0" 2>/dev/null
 
 # Affinity: pinned to CPU 1 (node 0), it must never run on node 1, and it
 # must run (CPU time, not sampling rounds: a thread that never ran would
