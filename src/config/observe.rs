@@ -62,7 +62,8 @@ pub struct ObserveConfig {
     /// process's total CPU time is checked: when the sampled threads do not
     /// account for 30 ms of it or more, the held threads are all sampled in
     /// that pass, so one waking up is noticed within this delay; each is
-    /// also sampled at least every 40 intervals. Saves most of the cost of
+    /// also sampled at least every 90-150 intervals (its own jitter; 45-75
+    /// s at 500 ms). Saves most of the cost of
     /// large idle pools. Threads with a known role (trainer, loaders,
     /// NCCL...) are sampled every pass.
     pub quiet_sample_interval_ms: u64,

@@ -83,7 +83,7 @@
 //!   the previous check account for. Unaccounted time (net of a 5 % drain,
 //!   the trickle of idle pools) of three clock ticks or more means a held
 //!   thread woke up: all of them are sampled in that pass. Otherwise they
-//!   wait, at most 40 intervals each. Held threads skip their name checks
+//!   wait, at most 90-150 intervals each. Held threads skip their name checks
 //!   too: a new name is seen by the detailed read once they are active.
 //!
 //! ```text
@@ -91,7 +91,7 @@
 //!   (one pread, O(threads) in the kernel)                │yes         │no
 //!                                                 sample every     wait (each is
 //!                                                 held thread      still sampled
-//!                                                                  every 40 checks)
+//!                                                                  every 90-150 checks)
 //! ```
 //! * Files read repeatedly stay open and are re-read with pread at offset 0
 //!   (procfile.rs); buffers are reused.
