@@ -14,9 +14,9 @@
 //!
 //! GPU device opens: of the two hooks of main.bpf.c one is loaded, fentry
 //! on chrdev_open where the kernel's BTF has that function, else BPF LSM
-//! file_open where `bpf` is among the active LSMs; with neither (or if its
-//! attach fails) one line says so and GPU processes are found by the /proc
-//! scan alone. Process events (a process forked, exec'd, or its leader
+//! file_open where `bpf` is among the active LSMs (`scheduler.gpu_open_hook`
+//! may name one, or none); with neither (or if its attach fails) one line
+//! says so and GPU processes are found by the /proc scan alone. Process events (a process forked, exec'd, or its leader
 //! exited; a thread renamed; a task moved to another cgroup) come through
 //! the same ring buffer, so that the observer finds new work and changes
 //! from them instead of by listing /proc and polling names and cgroups. The ring buffer is
@@ -37,7 +37,7 @@ use tracing::info;
 use crate::bpf_intf;
 use crate::bpf_skel::{BpfSkel, BpfSkelBuilder};
 use crate::class::{Class, NR_CLASSES};
-use crate::config::SchedulerConfig;
+use crate::config::{GpuOpenHook, SchedulerConfig};
 use crate::decisions::DecisionSink;
 pub use crate::decisions::WriteError;
 use crate::devices;
@@ -343,15 +343,29 @@ enum OpenHook {
 }
 
 impl OpenHook {
-    fn detect() -> OpenHook {
-        if kernel_has_func("chrdev_open") {
-            OpenHook::Fentry
-        } else if std::fs::read_to_string("/sys/kernel/security/lsm")
-            .is_ok_and(|s| s.trim().split(',').any(|l| l == "bpf"))
-        {
-            OpenHook::Lsm
-        } else {
-            OpenHook::None
+    /// The hook `want` names, if this kernel has it; and why not, if not.
+    fn detect(want: GpuOpenHook) -> (OpenHook, &'static str) {
+        let fentry = || kernel_has_func("chrdev_open");
+        // (An LSM program attaches whether or not BPF is an active LSM, and
+        // then never runs: the list is the only way to know.)
+        let lsm = || match std::fs::read_to_string("/sys/kernel/security/lsm") {
+            Ok(s) if s.trim().split(',').any(|l| l == "bpf") => Ok(()),
+            Ok(_) => Err("BPF is not an active LSM on this kernel"),
+            Err(_) => Err("cannot read /sys/kernel/security/lsm (securityfs not mounted?)"),
+        };
+        match want {
+            GpuOpenHook::Off => (OpenHook::None, "scheduler.gpu_open_hook is \"off\""),
+            GpuOpenHook::Fentry if fentry() => (OpenHook::Fentry, ""),
+            GpuOpenHook::Fentry => (OpenHook::None, "this kernel has no chrdev_open in its BTF"),
+            GpuOpenHook::Lsm => match lsm() {
+                Ok(()) => (OpenHook::Lsm, ""),
+                Err(why) => (OpenHook::None, why),
+            },
+            GpuOpenHook::Auto if fentry() => (OpenHook::Fentry, ""),
+            GpuOpenHook::Auto => match lsm() {
+                Ok(()) => (OpenHook::Lsm, ""),
+                Err(_) => (OpenHook::None, "this kernel has neither chrdev_open in its BTF nor BPF LSM"),
+            },
         }
     }
 }
@@ -418,7 +432,7 @@ impl<'a> Scheduler<'a> {
             rodata.cpu_node[cpu] = topo.cpu_node(cpu).unwrap_or(0).min(nr_nodes - 1) as i32;
         }
         skel.maps.task_class.set_max_entries(cfg.task_map_size)?;
-        let hook = OpenHook::detect();
+        let (hook, why_none) = OpenHook::detect(cfg.gpu_open_hook);
         skel.progs.zernel_chrdev_open.set_autoload(hook == OpenHook::Fentry);
         skel.progs.zernel_file_open.set_autoload(hook == OpenHook::Lsm);
         skel.progs.zernel_chrdev_open.set_autoattach(false);
@@ -481,7 +495,7 @@ impl<'a> Scheduler<'a> {
             sched.pin(Path::new(&cfg.pin_dir))?;
         }
         sched.link = Some(scx_ops_attach!(sched.skel, zernel_ops)?);
-        sched.attach_open_hook(hook);
+        sched.attach_open_hook(hook, why_none);
         info!(
             "scx_zernel attached: {nr_cpus} CPUs, {nr_nodes} node(s), starvation bound {} ms, wakeup_preempt_us {}, map {} entries",
             cfg.starvation_bound_ms, cfg.wakeup_preempt_us, cfg.task_map_size
@@ -489,13 +503,14 @@ impl<'a> Scheduler<'a> {
         Ok(sched)
     }
 
-    /// Attaches the GPU-open hook chosen at load; one line either way.
-    fn attach_open_hook(&mut self, hook: OpenHook) {
+    /// Attaches the GPU-open hook chosen at load (`why_none`: why there is
+    /// none); one line either way.
+    fn attach_open_hook(&mut self, hook: OpenHook, why_none: &str) {
         let (prog, what) = match hook {
             OpenHook::Fentry => (&self.skel.progs.zernel_chrdev_open, "fentry on chrdev_open"),
             OpenHook::Lsm => (&self.skel.progs.zernel_file_open, "BPF LSM file_open"),
             OpenHook::None => {
-                info!("GPU device opens: this kernel has neither chrdev_open in its BTF nor BPF LSM; GPU processes are found by the /proc scan");
+                info!("GPU device opens: none ({why_none}); GPU processes are found by the /proc scan");
                 return;
             }
         };

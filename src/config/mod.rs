@@ -70,6 +70,24 @@ impl SliceConfig {
     }
 }
 
+/// `[scheduler] gpu_open_hook`: which kernel hook tells of GPU device
+/// opens (the opening process is ML from its threads' next enqueue).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuOpenHook {
+    /// fentry on chrdev_open where the kernel's BTF has it, else BPF LSM
+    /// file_open where BPF is an active LSM, else none.
+    #[default]
+    Auto,
+    /// fentry on chrdev_open only.
+    Fentry,
+    /// BPF LSM file_open only (needs `bpf` in /sys/kernel/security/lsm).
+    Lsm,
+    /// None: GPU processes are found by the /proc scan (fds, maps,
+    /// environment) alone.
+    Off,
+}
+
 /// `[scheduler]`: what the BPF scheduler is loaded with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -97,6 +115,10 @@ pub struct SchedulerConfig {
     /// bpffs directory where the maps are pinned for `scx_zernel inspect`
     /// ("" = do not pin).
     pub pin_dir: String,
+    /// Which hook tells of GPU device opens: "auto", "fentry", "lsm" or
+    /// "off". One log line says which is used; a hook the kernel lacks is
+    /// none (the /proc scan finds GPU processes).
+    pub gpu_open_hook: GpuOpenHook,
 }
 
 impl Default for SchedulerConfig {
@@ -109,6 +131,7 @@ impl Default for SchedulerConfig {
             decision_ttl_ms: 5000,
             slice_us: SliceConfig::default(),
             pin_dir: "/sys/fs/bpf/scx_zernel".into(),
+            gpu_open_hook: GpuOpenHook::Auto,
         }
     }
 }

@@ -328,6 +328,7 @@ ln -sf /proc/self/fd /dev/fd; ln -sf fd/0 /dev/stdin; ln -sf fd/1 /dev/stdout; l
 ln -sf /proc/mounts /etc/mtab; chmod 1777 /tmp
 mount -t cgroup2 cgroup2 /sys/fs/cgroup; mount -t bpf bpf /sys/fs/bpf
 mount -t debugfs debugfs /sys/kernel/debug; mount -t tracefs tracefs /sys/kernel/tracing
+mount -t securityfs securityfs /sys/kernel/security
 hostname vm; ip link set lo up 2>/dev/null
 stty -F /dev/ttyS1 raw -echo
 echo "<5>vmrun: booted in \$(cut -d' ' -f1 /proc/uptime) s" >/dev/kmsg
