@@ -16,11 +16,12 @@
 //! on chrdev_open where the kernel's BTF has that function, else BPF LSM
 //! file_open where `bpf` is among the active LSMs (`scheduler.gpu_open_hook`
 //! may name one, or none); with neither (or if its attach fails) one line
-//! says so and GPU processes are found by the /proc scan alone. Process events (a process forked, exec'd, or its leader
-//! exited; a thread renamed; a task moved to another cgroup) come through
-//! the same ring buffer, so that the observer finds new work and changes
-//! from them instead of by listing /proc and polling names and cgroups. The ring buffer is
-//! drained with `consume` (no wait) from the daemon's loop.
+//! says so and GPU processes are found by the /proc scan alone. Process
+//! events (a process forked, exec'd, or its leader exited; a thread
+//! renamed; a task moved to another cgroup) come through the same ring
+//! buffer, so that the observer finds new work and changes from them
+//! instead of by listing /proc and polling names and cgroups. The ring
+//! buffer is drained with `consume` (no wait) from the daemon's loop.
 //!
 //! Nothing here knows about phases or /proc: a decision is a small value and
 //! the map is keyed by TID, with the task's start time to tell a recycled TID
@@ -339,12 +340,13 @@ fn decode_proc_event(b: &[u8]) -> Option<ProcEvent> {
 enum OpenHook {
     Fentry,
     Lsm,
-    None,
+    /// None, and why.
+    None(&'static str),
 }
 
 impl OpenHook {
-    /// The hook `want` names, if this kernel has it; and why not, if not.
-    fn detect(want: GpuOpenHook) -> (OpenHook, &'static str) {
+    /// The hook `want` names, if this kernel has it; else none, and why.
+    fn detect(want: GpuOpenHook) -> OpenHook {
         let fentry = || kernel_has_func("chrdev_open");
         // (An LSM program attaches whether or not BPF is an active LSM, and
         // then never runs: the list is the only way to know.)
@@ -354,18 +356,15 @@ impl OpenHook {
             Err(_) => Err("cannot read /sys/kernel/security/lsm (securityfs not mounted?)"),
         };
         match want {
-            GpuOpenHook::Off => (OpenHook::None, "scheduler.gpu_open_hook is \"off\""),
-            GpuOpenHook::Fentry if fentry() => (OpenHook::Fentry, ""),
-            GpuOpenHook::Fentry => (OpenHook::None, "this kernel has no chrdev_open in its BTF"),
-            GpuOpenHook::Lsm => match lsm() {
-                Ok(()) => (OpenHook::Lsm, ""),
-                Err(why) => (OpenHook::None, why),
-            },
-            GpuOpenHook::Auto if fentry() => (OpenHook::Fentry, ""),
-            GpuOpenHook::Auto => match lsm() {
-                Ok(()) => (OpenHook::Lsm, ""),
-                Err(_) => (OpenHook::None, "this kernel has neither chrdev_open in its BTF nor BPF LSM"),
-            },
+            GpuOpenHook::Off => OpenHook::None("scheduler.gpu_open_hook is \"off\""),
+            GpuOpenHook::Fentry if fentry() => OpenHook::Fentry,
+            GpuOpenHook::Fentry => OpenHook::None("this kernel has no chrdev_open in its BTF"),
+            GpuOpenHook::Lsm => lsm().map_or_else(OpenHook::None, |()| OpenHook::Lsm),
+            GpuOpenHook::Auto if fentry() => OpenHook::Fentry,
+            GpuOpenHook::Auto => lsm()
+                .map_or(OpenHook::None("this kernel has neither chrdev_open in its BTF nor BPF LSM"), |()| {
+                    OpenHook::Lsm
+                }),
         }
     }
 }
@@ -432,7 +431,7 @@ impl<'a> Scheduler<'a> {
             rodata.cpu_node[cpu] = topo.cpu_node(cpu).unwrap_or(0).min(nr_nodes - 1) as i32;
         }
         skel.maps.task_class.set_max_entries(cfg.task_map_size)?;
-        let (hook, why_none) = OpenHook::detect(cfg.gpu_open_hook);
+        let hook = OpenHook::detect(cfg.gpu_open_hook);
         skel.progs.zernel_chrdev_open.set_autoload(hook == OpenHook::Fentry);
         skel.progs.zernel_file_open.set_autoload(hook == OpenHook::Lsm);
         skel.progs.zernel_chrdev_open.set_autoattach(false);
@@ -495,7 +494,7 @@ impl<'a> Scheduler<'a> {
             sched.pin(Path::new(&cfg.pin_dir))?;
         }
         sched.link = Some(scx_ops_attach!(sched.skel, zernel_ops)?);
-        sched.attach_open_hook(hook, why_none);
+        sched.attach_open_hook(hook);
         info!(
             "scx_zernel attached: {nr_cpus} CPUs, {nr_nodes} node(s), starvation bound {} ms, wakeup_preempt_us {}, map {} entries",
             cfg.starvation_bound_ms, cfg.wakeup_preempt_us, cfg.task_map_size
@@ -503,14 +502,13 @@ impl<'a> Scheduler<'a> {
         Ok(sched)
     }
 
-    /// Attaches the GPU-open hook chosen at load (`why_none`: why there is
-    /// none); one line either way.
-    fn attach_open_hook(&mut self, hook: OpenHook, why_none: &str) {
+    /// Attaches the GPU-open hook chosen at load; one line either way.
+    fn attach_open_hook(&mut self, hook: OpenHook) {
         let (prog, what) = match hook {
             OpenHook::Fentry => (&self.skel.progs.zernel_chrdev_open, "fentry on chrdev_open"),
             OpenHook::Lsm => (&self.skel.progs.zernel_file_open, "BPF LSM file_open"),
-            OpenHook::None => {
-                info!("GPU device opens: none ({why_none}); GPU processes are found by the /proc scan");
+            OpenHook::None(why) => {
+                info!("GPU device opens: none ({why}); GPU processes are found by the /proc scan");
                 return;
             }
         };

@@ -16,7 +16,6 @@ check "the active LSMs are listed ('$lsms')" [ -n "$lsms" ]
 check "bpf is not among them" sh -c "! echo '$lsms' | tr ',' '\n' | grep -qx bpf"
 [ -e /dev/nvidia0 ] || mknod /dev/nvidia0 c 195 0
 
-gpu_opens() { scx_zernel inspect | awk '$1 == "global" && $2 == "gpu_open" { print $3 }'; }
 opened() { grep -q "open /dev/nvidia0" /tmp/open.out; }
 # run HOOK : starts the daemon with gpu_open_hook = HOOK, opens
 # /dev/nvidia0 from a new process, waits 2 s; prints gpu_open's change.
@@ -25,7 +24,7 @@ run() {
   zernel_start /tmp/nolsm.toml || finish
   said() { grep -q 'GPU device opens' "$ZLOG"; }
   wait_until 5 said
-  o0=$(gpu_opens)
+  o0=$(zglobal gpu_open)
   rm -f /tmp/go
   zernel-workload open --name zt_gpu --threads 1 --path /dev/nvidia0 --when /tmp/go --secs 60 >/tmp/open.out 2>&1 &
   p=$!
@@ -33,7 +32,7 @@ run() {
   touch /tmp/go
   wait_until 10 opened
   sleep 2
-  o1=$(gpu_opens)
+  o1=$(zglobal gpu_open)
   kill "$p"; wait "$p" 2>/dev/null
 }
 
