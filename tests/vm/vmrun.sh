@@ -234,7 +234,7 @@ run_host_root() {
     waited=0 hung=0
     while kill -0 "$pid" 2>/dev/null && (( SECONDS - t0 < TIMEOUT )); do
       # The guest script's first act marks the boot done.
-      if (( !hung )) && [ ! -e "$out/booted" ] && (( SECONDS - t0 >= BOOT_TIMEOUT )); then hung=1; break; fi
+      if [ ! -e "$out/booted" ] && (( SECONDS - t0 >= BOOT_TIMEOUT )); then hung=1; break; fi
       sleep 1
     done
     if kill -0 "$pid" 2>/dev/null; then
