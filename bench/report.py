@@ -871,8 +871,11 @@ def main():
                "units per ms of an idle vCPU), so every scheduler runs the same work. " if units else "")
             + f"It runs alone, then with `stress-ng --cpu {hogs}` on the {vcpus} vCPUs (2x oversubscription), "
             "started 1 s before the trainer and stopped when it ends. \"CPU left idle by the ML job\" = vCPUs × "
-            "the trainer's run time − the ML job's CPU time (trainer and workers, from `time -p`); the hogs' "
-            "CPU time over the same window comes from /proc. Hogs' bogo ops/s (stress-ng --metrics-brief) "
+            "the trainer's run time − the ML job's CPU time (trainer and workers, from `time -p`) − the CPU "
+            "time of the map probe that scx_zernel's runs start 2 s in (a diagnostic: `scx_zernel inspect` "
+            "and the few processes that count its entries; \"map probe's CPU\" below); the hogs' "
+            "CPU time over the same window comes from /proc. The scheduler's own process is not left out: "
+            "its CPU time in the window counts against it. Hogs' bogo ops/s (stress-ng --metrics-brief) "
             "cover their whole run.\n")
         md.append(
             "How to read it: the work is sized, not timed. A thread that gets less CPU takes longer to "
@@ -903,6 +906,7 @@ def main():
             ("hogs_cpu", "hogs' CPU (vCPUs)"),
             ("hogs_cpu_over_eevdf", "hogs' CPU ÷ EEVDF's"),
             ("hogs_share_of_idle", "hogs' CPU ÷ CPU left idle by the ML job"),
+            ("ml_con_probe_cpu_s", "map probe's CPU (s), left out of the idle CPU"),
             ("hogs_bogo_ops_per_s", "hogs' bogo ops/s"),
             ("hogs_bogo_over_eevdf", "hogs' bogo ops/s ÷ EEVDF's"),
             ("host_qemu_cpus.ml_con", "host CPUs qemu got, run with hogs"),

@@ -106,10 +106,13 @@ _zernel_attached() {
 }
 
 # alive PID : the process exists and is not a zombie. (kill -0 succeeds on a
-# zombie, so it cannot tell that an unreaped child has exited.)
+# zombie, so it cannot tell that an unreaped child has exited.) Starts no
+# process: wait loops call it every fraction of a second, inside
+# measurement windows too.
 alive() {
   local st
-  st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+  { IFS= read -r st <"/proc/$1/stat"; } 2>/dev/null || return 1
+  st=${st##*) } st=${st%% *}
   [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
 }
 
