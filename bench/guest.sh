@@ -378,18 +378,22 @@ case_ml() {
 }
 
 # ---- case 2: real PyTorch ----------------------------------------------------------------
-TPY="" TPG="" SPG=""
-# torch_steps : the trainer's finished steps (0 before the first).
-torch_steps() { local v; v=$(cat "$W/tprog" 2>/dev/null); echo "${v:-0}"; }
-# torch_wait_steps N SECS : wait until the trainer finished N steps, at most SECS.
-# It polls inside measurement windows, so each poll starts one process (the
-# sleep) and no more: the progress file is read by the shell itself.
+TPY="" TPG="" SPG="" TSTEPS=0
+# torch_steps : the trainer's finished steps (0 before the first), in TSTEPS.
+# The shell reads the progress file itself, starting no process: the wait
+# loop calls it every 0.2 s inside measurement windows.
+torch_steps() {
+  TSTEPS=0
+  { read -r TSTEPS <"$W/tprog"; } 2>/dev/null
+  TSTEPS=${TSTEPS:-0}
+}
+# torch_wait_steps N SECS : wait until the trainer finished N steps, at most
+# SECS. Each poll starts one process, its sleep.
 torch_wait_steps() {
-  local n=$(($2 * 5)) v
+  local n=$(($2 * 5))
   while :; do
-    v=0
-    { read -r v <"$W/tprog"; } 2>/dev/null
-    [ "${v:-0}" -ge "$1" ] && return 0
+    torch_steps
+    [ "$TSTEPS" -ge "$1" ] && return 0
     [ "$n" -gt 0 ] && alive "$TPG" || return 1
     sleep 0.2; n=$((n - 1))
   done
@@ -435,8 +439,10 @@ torch_kill() {
 # KIND iso or con. Steps/s on the job's clock, its CPU from /proc.
 torch_train_window() {
   local s=$1 r=$2 k=$3 n0 t0 t1 j0 j1 h0 h1 u0 u1 win e0
-  torch_wait_steps $(($(torch_steps) + $4)) 900 || { echo "# [$s] torch: $4 warm-up steps not done in 900 s"; return 1; }
-  n0=$(torch_steps)
+  torch_steps
+  torch_wait_steps $((TSTEPS + $4)) 900 || { echo "# [$s] torch: $4 warm-up steps not done in 900 s"; return 1; }
+  torch_steps
+  n0=$TSTEPS
   j0=$(proc_ticks pgrp "$TPG") h0=$(proc_ticks comm stress-ng) u0=$(up_cs) e0=$(date +%s)
   torch_wait_steps $((n0 + TORCH_STEPS)) 1800 || { echo "# [$s] torch: $TORCH_STEPS steps not done in 1800 s"; return 1; }
   j1=$(proc_ticks pgrp "$TPG") h1=$(proc_ticks comm stress-ng) u1=$(up_cs)

@@ -871,7 +871,7 @@ def main():
                "units per ms of an idle vCPU), so every scheduler runs the same work. " if units else "")
             + f"It runs alone, then with `stress-ng --cpu {hogs}` on the {vcpus} vCPUs (2x oversubscription), "
             "started 1 s before the trainer and stopped when it ends. \"CPU left idle by the ML job\" = vCPUs × "
-            "the trainer's run time − the ML job's CPU time (trainer and workers, from `time -p`) − the CPU "
+            "the trainer's run time − the ML job's CPU time (trainer and workers: the trainer's getrusage of itself and of its reaped children) − the CPU "
             "time of the map probe that scx_zernel's runs start 2 s in (a diagnostic: `scx_zernel inspect` "
             "and the few processes that count its entries; \"map probe's CPU\" below); the hogs' "
             "CPU time over the same window comes from /proc. The scheduler's own process is not left out: "
