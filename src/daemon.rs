@@ -10,10 +10,11 @@
 //!          ─> Decisions::apply (what changed) ─> task_class map
 //!     between passes: answer stats requests; SIGHUP, or an inotify event
 //!     after which the config file differs, ends the wait, and the next pass
-//!     starts with the reload; GPU device opens from the kernel's ring
-//!     buffer (drained every 20 ms, no wait) end it too: the opener is ML
-//!     in that pass, and once a pass has judged it its GPU-open mark in the
-//!     kernel no longer decides (its entries, or none, do)
+//!     starts with the reload; a GPU device open in the kernel's ring
+//!     buffer (it wakes the wait; process events are drained at the pass)
+//!     ends it too: the opener is ML in that pass, and once a pass has
+//!     judged it its GPU-open mark in the kernel no longer decides (its
+//!     entries, or none, do)
 //!   SIGINT/SIGTERM ─> detach ─> exit 0;  BPF-side exit ─> UEI report ─> exit 1
 //! ```
 
@@ -38,6 +39,10 @@ use crate::reload::Reloader;
 use crate::sched::{self, LoadOptions, Scheduler};
 use crate::stats::{self, Metrics, TenantMetrics};
 use crate::topology::{Topology, SYSFS_ROOT};
+
+/// The longest the daemon's wait goes without writing the heartbeat (the
+/// kernel's decision_ttl_ms is at least five of these).
+const HEARTBEAT_EVERY: Duration = Duration::from_millis(100);
 
 /// Loads the source again and gives it to the pipeline; an invalid file is
 /// rejected and the running configuration stays. Returns whether it took.
@@ -196,6 +201,7 @@ fn serve(
             sched.set_tenant_weights(&pipeline.tenants)?;
         }
         let (told, events) = sched.events();
+        sched.rearm();
         opens.extend(told.into_iter().map(|o| (o, 0)));
         procs.extend(events);
         pipeline.note_process_events(&procs);
@@ -255,17 +261,14 @@ fn serve(
         }
 
         // Sleep until the next pass, answering stats requests meanwhile; a
-        // reload trigger ends the sleep at once.
+        // reload trigger or a GPU open ends the sleep at once. No timer
+        // beyond the pass's own: the heartbeat is written at least every
+        // HEARTBEAT_EVERY even with a long loop_interval_ms.
         let period = Duration::from_millis(pipeline.cfg.phase.loop_interval_ms);
         let triggers = reloader.receiver().clone();
+        let ring = sched.ring_woken();
         until_next_pass(started, period, shutdown, |left| -> Result<bool> {
             sched.heartbeat();
-            let (told, events) = sched.events();
-            procs.extend(events);
-            if !told.is_empty() {
-                opens.extend(told.into_iter().map(|o| (o, 0)));
-                return Ok(false);
-            }
             let mut woken = None;
             crossbeam::select! {
                 recv(req_ch) -> r => match r {
@@ -273,7 +276,16 @@ fn serve(
                     Err(e) => return Err(e.into()),
                 },
                 recv(triggers) -> t => woken = t.ok(),
-                default(left.min(Duration::from_millis(20))) => {}
+                recv(ring) -> _ => {
+                    sched.take_wakeup();
+                    let (told, events) = sched.events();
+                    procs.extend(events);
+                    if !told.is_empty() {
+                        opens.extend(told.into_iter().map(|o| (o, 0)));
+                        return Ok(false);
+                    }
+                }
+                default(left.min(HEARTBEAT_EVERY)) => {}
             }
             Ok(!woken.is_some_and(|t| reloader.note(source, t)))
         })?;

@@ -21,7 +21,17 @@
 //! renamed; a task moved to another cgroup) come through the same ring
 //! buffer, so that the observer finds new work and changes from them
 //! instead of by listing /proc and polling names and cgroups. The ring
-//! buffer is drained with `consume` (no wait) from the daemon's loop.
+//! buffer is drained with `consume` (no wait) at the start of every pass.
+//! Process events ask for no wakeup; a GPU open forces one, which a small
+//! thread blocked in poll(2) on the ring buffer hands to the daemon's wait
+//! (`ring_woken`), so that an idle daemon wakes once per pass, not on a
+//! timer:
+//!
+//! ```text
+//!   ring buffer epoll fd ──poll(2)──> waker thread ──token──> daemon's wait
+//!        ^                                 ^                      │ events()
+//!        └──────── drained ────────────────┴──── rearm() (next pass)
+//! ```
 //!
 //! Nothing here knows about phases or /proc: a decision is a small value and
 //! the map is keyed by TID, with the task's start time to tell a recycled TID
@@ -384,9 +394,71 @@ fn kernel_has_func(name: &str) -> bool {
     }
 }
 
+/// A thread blocked in poll(2) on the ring buffer's epoll fd that tells the
+/// daemon's wait when a record asked for a wakeup. After a token it waits
+/// for `rearm` before it polls again: a ring buffer the daemon has not
+/// drained yet stays readable, and the thread would spin on it.
+struct RingWaker {
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Written to stop the thread.
+    stop: std::os::fd::OwnedFd,
+    woken: crossbeam::channel::Receiver<()>,
+    rearm: crossbeam::channel::Sender<()>,
+    /// A token was taken and the thread waits for `rearm`.
+    armed: bool,
+}
+
+impl RingWaker {
+    fn start(ring_epoll_fd: i32) -> Result<RingWaker> {
+        // SAFETY: eventfd returns a new fd or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            bail!("eventfd: {}", std::io::Error::last_os_error());
+        }
+        // SAFETY: fd is a new, valid fd that nothing else owns.
+        let stop = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let (wtx, woken) = crossbeam::channel::bounded(1);
+        let (rearm, rrx) = crossbeam::channel::bounded::<()>(1);
+        let thread = std::thread::Builder::new()
+            .name("zernel-ring".into())
+            .spawn(move || loop {
+                let mut fds = [
+                    libc::pollfd { fd: ring_epoll_fd, events: libc::POLLIN, revents: 0 },
+                    libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+                ];
+                // SAFETY: two valid pollfds; both fds outlive the thread
+                // (Scheduler's drop stops and joins it before closing them).
+                let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+                if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                if n < 0 || fds[1].revents != 0 || wtx.send(()).is_err() || rrx.recv().is_err() {
+                    return;
+                }
+            })
+            .context("starting the ring buffer's waker thread")?;
+        Ok(RingWaker { thread: Some(thread), stop, woken, rearm, armed: false })
+    }
+
+    fn stop(&mut self) {
+        use std::os::fd::AsRawFd;
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes to our eventfd.
+        unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        // The thread may wait for a rearm: closing the channel ends that.
+        let (dead, _) = crossbeam::channel::bounded(1);
+        drop(std::mem::replace(&mut self.rearm, dead));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// A loaded and attached scheduler.
 pub(crate) struct Scheduler<'a> {
-    /// Dropped first: the hook, then the ring buffer, before the skeleton.
+    /// Dropped first: the waker thread (stopped and joined in drop), the
+    /// hook, then the ring buffer, before the skeleton.
+    waker: Option<RingWaker>,
     open_link: Option<libbpf_rs::Link>,
     events: Option<libbpf_rs::RingBuffer<'static>>,
     opens: crossbeam::channel::Receiver<GpuOpen>,
@@ -466,6 +538,7 @@ impl<'a> Scheduler<'a> {
         let (tx, opens) = crossbeam::channel::unbounded();
         let (ptx, procs) = crossbeam::channel::unbounded();
         let mut sched = Scheduler {
+            waker: None,
             open_link: None,
             events: None,
             opens,
@@ -488,7 +561,9 @@ impl<'a> Scheduler<'a> {
             }
             0
         })?;
-        sched.events = Some(rb.build()?);
+        let rb = rb.build()?;
+        sched.waker = Some(RingWaker::start(rb.epoll_fd())?);
+        sched.events = Some(rb);
         sched.heartbeat();
         if !cfg.pin_dir.is_empty() {
             sched.pin(Path::new(&cfg.pin_dir))?;
@@ -530,6 +605,33 @@ impl<'a> Scheduler<'a> {
             let _ = rb.consume();
         }
         (self.opens.try_iter().collect(), self.procs.try_iter().collect())
+    }
+
+    /// Ready when a ring buffer record asked for a wakeup (a GPU open; a
+    /// process event rides along, it asks for none). Take it with
+    /// [`Self::take_wakeup`]; the next one comes after [`Self::rearm`].
+    pub(crate) fn ring_woken(&self) -> crossbeam::channel::Receiver<()> {
+        match &self.waker {
+            Some(w) => w.woken.clone(),
+            None => crossbeam::channel::never(),
+        }
+    }
+
+    /// Marks the wakeup token as taken (the waker thread waits for rearm).
+    pub(crate) fn take_wakeup(&mut self) {
+        if let Some(w) = &mut self.waker {
+            w.armed = true;
+        }
+    }
+
+    /// Lets the waker thread poll again, once per pass at most: at the start
+    /// of the pass, after its drain.
+    pub(crate) fn rearm(&mut self) {
+        if let Some(w) = &mut self.waker {
+            if std::mem::take(&mut w.armed) {
+                let _ = w.rearm.try_send(());
+            }
+        }
     }
 
     /// Marks the GPU open of a process as judged by the daemon: its threads'
@@ -636,6 +738,9 @@ impl<'a> Scheduler<'a> {
 
 impl Drop for Scheduler<'_> {
     fn drop(&mut self) {
+        if let Some(w) = &mut self.waker {
+            w.stop();
+        }
         self.link.take();
         self.unpin();
     }

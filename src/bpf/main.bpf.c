@@ -1395,7 +1395,9 @@ static __always_inline void gpu_open(u32 rdev)
 	if (bpf_map_update_elem(&gpu_procs, &tgid, &mark, BPF_ANY))
 		return;
 	count_event(ZGSTAT_GPU_OPEN);
-	send_event(ZEV_GPU_OPEN, cur, mark.start_ticks, major, minor, 0);
+	/* Wakes the daemon even with process events queued before it. */
+	send_event(ZEV_GPU_OPEN, cur, mark.start_ticks, major, minor,
+		   BPF_RB_FORCE_WAKEUP);
 }
 
 SEC("fentry/chrdev_open")
