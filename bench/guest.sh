@@ -427,7 +427,7 @@ torch_start() {
     torch_kill; return 1
   fi
   kill -STOP "-$TPG"
-  echo "BENCHMETA torch_version=$("$TPY" -c 'import importlib.metadata as m; print(m.version("torch"))') torch_train_steps=$TORCH_STEPS torch_infer_requests=$INFER_REQS torch_start_s=$(calc "($(up_cs) - $t0) / 100")"
+  echo "BENCHMETA torch_version=$("$TPY" -c 'import importlib.metadata as m; print(m.version("torch"))') torch_train_steps=$TORCH_STEPS torch_train_con_steps=$((TORCH_STEPS * 2)) torch_infer_requests=$INFER_REQS torch_start_s=$(calc "($(up_cs) - $t0) / 100")"
 }
 torch_kill() {
   [ -n "$TPG" ] && { kill -CONT "-$TPG"; kill -KILL "-$TPG"; wait "$TPG"; } 2>/dev/null
@@ -435,21 +435,41 @@ torch_kill() {
   TPG="" SPG=""
 }
 
-# torch_train_window SCHED REP KIND WARM : WARM steps, then TORCH_STEPS steps;
-# KIND iso or con. Steps/s on the job's clock, its CPU from /proc.
+# snap_ticks PGRP : "JOB HOGS UP" from one pass over /proc: the CPU ticks of
+# process group PGRP and of the stress-ng processes, and the uptime (cs)
+# half-way through that pass (it reads the clock before and after). Under
+# TCG one pass takes 0.1-0.5 s: three separate passes, one per figure, put
+# up to that much CPU time in one figure's window and not in another's.
+snap_ticks() {
+  cat /proc/uptime /proc/[0-9]*/stat /proc/uptime 2>/dev/null | awk -v g="$1" '
+    NF == 2 && $1 ~ /^[0-9]+\.[0-9]+$/ { split($1, c, "."); up[++n] = c[1] * 100 + c[2]; next }
+    { s = $0; sub(/^.*\) /, "", s); split(s, f, " ")
+      if (f[3] == g) j += f[12] + f[13]
+      if (substr($2, 1, 10) == "(stress-ng") h += f[12] + f[13] }
+    END { print j + 0, h + 0, int((up[1] + up[n]) / 2) }'
+}
+
+# torch_train_window SCHED REP KIND WARM STEPS : WARM steps, then STEPS
+# steps; KIND iso or con. Steps/s on the job's clock, its CPU and the hogs'
+# from /proc (one pass at each end: snap_ticks).
 torch_train_window() {
-  local s=$1 r=$2 k=$3 n0 t0 t1 j0 j1 h0 h1 u0 u1 win e0
+  local s=$1 r=$2 k=$3 n=$5 n0 t0 t1 j0 j1 h0 h1 u0 u1 win e0
   torch_steps
   torch_wait_steps $((TSTEPS + $4)) 900 || { echo "# [$s] torch: $4 warm-up steps not done in 900 s"; return 1; }
   torch_steps
   n0=$TSTEPS
-  j0=$(proc_ticks pgrp "$TPG") h0=$(proc_ticks comm stress-ng) u0=$(up_cs) e0=$(date +%s)
-  torch_wait_steps $((n0 + TORCH_STEPS)) 1800 || { echo "# [$s] torch: $TORCH_STEPS steps not done in 1800 s"; return 1; }
-  j1=$(proc_ticks pgrp "$TPG") h1=$(proc_ticks comm stress-ng) u1=$(up_cs)
+  e0=$(date +%s)
+  read -r j0 h0 u0 <<EOF
+$(snap_ticks "$TPG")
+EOF
+  torch_wait_steps $((n0 + n)) 1800 || { echo "# [$s] torch: $n steps not done in 1800 s"; return 1; }
+  read -r j1 h1 u1 <<EOF
+$(snap_ticks "$TPG")
+EOF
   echo "BENCHWIN sched=$s rep=$r case=torch_train_$k start=$e0 end=$(date +%s)"
-  t0=$(step_time "$n0") t1=$(step_time $((n0 + TORCH_STEPS)))
+  t0=$(step_time "$n0") t1=$(step_time $((n0 + n)))
   win=$(calc "($u1 - $u0) / 100")
-  [ -n "$t0" ] && [ -n "$t1" ] && result "$s" "$r" "torch_train_${k}_steps_per_sec" "$(calc "$TORCH_STEPS / ($t1 - $t0)")"
+  [ -n "$t0" ] && [ -n "$t1" ] && result "$s" "$r" "torch_train_${k}_steps_per_sec" "$(calc "$n / ($t1 - $t0)")"
   result "$s" "$r" "torch_train_${k}_cpu" "$(calc "($j1 - $j0) / 100 / $win")"
   if [ "$k" = con ]; then
     result "$s" "$r" torch_train_hogs_cpu "$(calc "($h1 - $h0) / 100 / $win")"
@@ -477,11 +497,12 @@ case_torch() {
   [ -n "$TPG" ] || return 0
   kill -CONT "-$TPG"
   # Warm-up: the scheduler sees the job run again (phases, decisions).
-  torch_train_window "$s" "$r" iso 2
+  torch_train_window "$s" "$r" iso 2 "$TORCH_STEPS"
   hogs_start
   # 5 warm-up steps: the batches the workers prefetched alone (2 workers x
-  # prefetch factor 2) are used up first.
-  torch_train_window "$s" "$r" con 5
+  # prefetch factor 2) are used up first. Twice the steps: the hogs' share
+  # of what the job leaves idle is a small difference of large CPU times.
+  torch_train_window "$s" "$r" con 5 $((TORCH_STEPS * 2))
   hogs_stop
   kill -STOP "-$TPG"
   torch_infer_window "$s" "$r" iso

@@ -920,6 +920,7 @@ def main():
         md.append(f"Not measured: PyTorch was unavailable in the guest{f' ({reason})' if reason else ''}.\n")
     elif have("torch_"):
         tsteps, treq = meta.get("torch_train_steps", "?"), meta.get("torch_infer_requests", "?")
+        csteps = meta.get("torch_train_con_steps", tsteps)
         md.append("## 2. Real PyTorch\n")
         md.append(
             f"PyTorch {meta.get('torch_version', '?')} on the CPU. Its processes start once per boot and are "
@@ -930,9 +931,10 @@ def main():
             + ", and each scheduler meets the same warm processes.\n")
         md.append(
             f"Training: `train.py`, a small CNN fed by a DataLoader with 2 worker processes that decode raw "
-            f"samples: {tsteps} steps alone, then {tsteps} steps with `stress-ng --cpu {hogs}` (2x "
+            f"samples: {tsteps} steps alone, then {csteps} steps with `stress-ng --cpu {hogs}` (2x "
             "oversubscription). Steps/s, the vCPUs the trainer and its workers used, and the hogs' CPU ÷ the "
-            "CPU the training left idle, read as in the sized pipeline above.\n")
+            "CPU the training left idle, read as in the sized pipeline above; the job's and the hogs' CPU "
+            "times and the clock at each end of a window come from one pass over /proc.\n")
         md.append(
             f"Inference: `serve.py`, a small transformer language model with random weights serving on a "
             f"Unix socket, and `client.py` sending {treq} requests one after another (each waits for the "
