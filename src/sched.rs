@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::{AsRawLibbpf, MapCore, MapFlags, MapHandle, OpenObject};
 use scx_utils::{compat, scx_ops_attach, scx_ops_load, scx_ops_open, uei_exited, uei_report, UserExitInfo};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::bpf_intf;
 use crate::bpf_skel::{BpfSkel, BpfSkelBuilder};
@@ -429,10 +429,22 @@ impl RingWaker {
                 // SAFETY: two valid pollfds; both fds outlive the thread
                 // (Scheduler's drop stops and joins it before closing them).
                 let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-                if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                    continue;
+                if n < 0 {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() == std::io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    // Keep the channel open until stop: a closed one would
+                    // end the daemon's wait at once, every time.
+                    warn!("the ring buffer's waker stopped ({e}): GPU opens are seen at the next pass");
+                    let mut stop = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }];
+                    // SAFETY: one valid pollfd, as above.
+                    while unsafe { libc::poll(stop.as_mut_ptr(), 1, -1) } < 0 {
+                        std::thread::sleep(std::time::Duration::from_secs(1));
+                    }
+                    return;
                 }
-                if n < 0 || fds[1].revents != 0 || wtx.send(()).is_err() || rrx.recv().is_err() {
+                if fds[1].revents != 0 || wtx.send(()).is_err() || rrx.recv().is_err() {
                     return;
                 }
             })
@@ -806,6 +818,39 @@ mod tests {
     use super::*;
     use crate::bpf_skel::types::rodata;
     use std::mem::offset_of;
+    use std::time::Duration;
+
+    /// An eventfd stands in for the ring buffer's epoll fd: readable once
+    /// written, until read.
+    #[test]
+    fn ring_waker_gives_one_token_per_rearm_and_stops() {
+        // SAFETY: a new eventfd, closed at the end.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(efd >= 0);
+        let quiet = Duration::from_millis(300);
+        let mut w = RingWaker::start(efd).unwrap();
+        assert!(w.woken.recv_timeout(quiet).is_err(), "a token while nothing was readable");
+        let one: u64 = 1;
+        // SAFETY: 8 bytes to our eventfd.
+        assert_eq!(unsafe { libc::write(efd, (&one as *const u64).cast(), 8) }, 8);
+        w.woken.recv_timeout(Duration::from_secs(5)).expect("no token once readable");
+        // Still readable (nobody drained it): no second token before rearm.
+        assert!(w.woken.recv_timeout(quiet).is_err(), "a second token before rearm");
+        w.rearm.send(()).unwrap();
+        w.woken.recv_timeout(Duration::from_secs(5)).expect("no token after rearm, still readable");
+        // Stopped while it waits for a rearm, then while it polls: both join.
+        w.stop();
+        assert!(w.thread.is_none());
+        let mut w = RingWaker::start(efd).unwrap();
+        let mut buf = 0u64;
+        // SAFETY: reads the eventfd's 8-byte counter (drains it).
+        assert_eq!(unsafe { libc::read(efd, (&mut buf as *mut u64).cast(), 8) }, 8);
+        std::thread::sleep(Duration::from_millis(50));
+        w.stop();
+        assert!(w.thread.is_none());
+        // SAFETY: our eventfd, no longer used.
+        unsafe { libc::close(efd) };
+    }
 
     /// The bytes of a read-only data section as the kernel would hold them.
     fn section(len: usize) -> Vec<u8> {
