@@ -122,16 +122,22 @@ up_cs() { tr -d . </proc/uptime | cut -d' ' -f1; }
 field() { tr ' ' '\n' <"$2" | sed -n "s/^$1=//p" | tail -n1; }
 # ticks_of PID : utime+stime of a whole process, in clock ticks (1/100 s).
 ticks_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13 }'; }
-# proc_ticks comm PREFIX | pgrp PGID : utime+stime summed over the processes
-# whose comm starts with PREFIX, or over those of process group PGID. cat,
-# not awk on the glob: a process that exits in between makes cat skip its
-# file, where awk would stop.
-proc_ticks() {
-  cat /proc/[0-9]*/stat 2>/dev/null | awk -v k="$1" -v v="$2" '
+# snap_ticks PGRP : "JOB HOGS UP" from one pass over /proc: the CPU ticks
+# (utime+stime) of process group PGRP ("-": none) and of the stress-ng
+# processes, and the uptime (cs) half-way through that pass (it reads the
+# clock before and after). Under TCG one pass takes 0.1-0.5 s: separate
+# passes, one per figure, put up to that much CPU time in one figure's
+# window and not in another's. cat, not awk on the glob: a process that
+# exits in between makes cat skip its file, where awk would stop.
+snap_ticks() {
+  cat /proc/uptime /proc/[0-9]*/stat /proc/uptime 2>/dev/null | awk -v g="$1" '
+    NF == 2 && $1 ~ /^[0-9]+\.[0-9]+$/ { split($1, c, "."); up[++n] = c[1] * 100 + c[2]; next }
     { s = $0; sub(/^.*\) /, "", s); split(s, f, " ")
-      if (k == "comm" ? substr($2, 1, length(v) + 1) == "(" v : f[3] == v) t += f[12] + f[13] }
-    END { print t + 0 }'
+      if (f[3] == g) j += f[12] + f[13]
+      if (substr($2, 1, 10) == "(stress-ng") h += f[12] + f[13] }
+    END { print j + 0, h + 0, int((up[1] + up[n]) / 2) }'
 }
+
 # stop_bg PID : SIGINT a background job and reap it.
 stop_bg() { kill -INT "$1" 2>/dev/null; wait "$1" 2>/dev/null; }
 
@@ -336,7 +342,10 @@ case_ml() {
   # run: from just before it starts to just after it ends.
   hogs_start
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf0" && b0=$(ticks_of "$SPID")
-  h0=$(proc_ticks comm stress-ng) u0=$(up_cs) e0=$(date +%s)
+  read -r _ h0 u0 <<EOF
+$(snap_ticks -)
+EOF
+  e0=$(date +%s)
   # Half-way through, which classes the ML threads have in scx_zernel's map.
   # Every build of scx_zernel alike: the dump forks processes, whose BPF time
   # (init_task, process events) the window counts. Their own CPU time (the
@@ -351,7 +360,9 @@ case_ml() {
   esac
   train_run "$W/con"
   [ -n "$dp" ] && wait "$dp"   # only that job: the hogs are a background job too
-  h1=$(proc_ticks comm stress-ng) u1=$(up_cs)
+  read -r _ h1 u1 <<EOF
+$(snap_ticks -)
+EOF
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf1" && b1=$(ticks_of "$SPID")
   echo "BENCHWIN sched=$s rep=$r case=ml_con start=$e0 end=$(date +%s)"
   hogs_stop
@@ -435,20 +446,6 @@ torch_kill() {
   TPG="" SPG=""
 }
 
-# snap_ticks PGRP : "JOB HOGS UP" from one pass over /proc: the CPU ticks of
-# process group PGRP and of the stress-ng processes, and the uptime (cs)
-# half-way through that pass (it reads the clock before and after). Under
-# TCG one pass takes 0.1-0.5 s: three separate passes, one per figure, put
-# up to that much CPU time in one figure's window and not in another's.
-snap_ticks() {
-  cat /proc/uptime /proc/[0-9]*/stat /proc/uptime 2>/dev/null | awk -v g="$1" '
-    NF == 2 && $1 ~ /^[0-9]+\.[0-9]+$/ { split($1, c, "."); up[++n] = c[1] * 100 + c[2]; next }
-    { s = $0; sub(/^.*\) /, "", s); split(s, f, " ")
-      if (f[3] == g) j += f[12] + f[13]
-      if (substr($2, 1, 10) == "(stress-ng") h += f[12] + f[13] }
-    END { print j + 0, h + 0, int((up[1] + up[n]) / 2) }'
-}
-
 # torch_train_window SCHED REP KIND WARM STEPS : WARM steps, then STEPS
 # steps; KIND iso or con. Steps/s on the job's clock, its CPU and the hogs'
 # from /proc (one pass at each end: snap_ticks).
@@ -480,11 +477,16 @@ EOF
 # torch_infer_window SCHED REP KIND : INFER_REQS requests, one after another.
 torch_infer_window() {
   local s=$1 r=$2 k=$3 h0 h1 u0 u1 e0 v
-  h0=$(proc_ticks comm stress-ng) u0=$(up_cs) e0=$(date +%s)
+  read -r _ h0 u0 <<EOF
+$(snap_ticks -)
+EOF
+  e0=$(date +%s)
   rm -f "$W/infer.json"
   "$TPY" tests/workloads/pytorch/client.py --socket "$W/lm.sock" --requests "$INFER_REQS" --tokens 8 --new 2 \
     --out "$W/infer.json" >"$W/client.out" 2>&1 || { echo "# [$s] client failed: $(tail -n1 "$W/client.out")"; return 1; }
-  h1=$(proc_ticks comm stress-ng) u1=$(up_cs)
+  read -r _ h1 u1 <<EOF
+$(snap_ticks -)
+EOF
   echo "BENCHWIN sched=$s rep=$r case=torch_infer_$k start=$e0 end=$(date +%s)"
   for v in rps p50_ms p99_ms; do
     result "$s" "$r" "torch_infer_${k}_$v" "$(sed -n "s/.*\"$v\": \([0-9.e+-]*\).*/\1/p" "$W/infer.json")"

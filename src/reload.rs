@@ -1,32 +1,44 @@
 //! What wakes the daemon to reload its configuration: SIGHUP, or a change
-//! of the config file seen by inotify (the notify crate).
+//! of the config file seen by inotify (the inotify crate).
 //!
 //! ```text
-//!   SIGHUP ─────────────> signal thread ──Trigger::Signal──┐
-//!   config's directory ─> inotify ──(close-write, rename,  ├──> channel ──> the loop wakes at once
-//!                         remove of any entry)─Trigger::File┘     (select with the stats requests)
+//!   SIGHUP ─────────────> signal thread ──Trigger::Signal──────────────┐
+//!   config's directory ─> inotify (close-write, rename, delete,         ├─> channel ──> the loop
+//!                         symlink create) ─> zernel-inotify thread:     │   wakes at once
+//!                         the entry one of the names watched? ─yes─ File┘   (select with the
+//!                                                                            stats requests)
 //! ```
 //!
 //! The directory is watched, not the file: editors and `kubectl` replace a
 //! file by renaming another over it (a ConfigMap swaps a `..data` symlink),
-//! which a watch on the old inode would miss. On an event on any entry of
-//! the directory the loop compares the file's [`Stamp`] (device, inode,
-//! size, mtime, through symlinks), and wakes and reloads only if it changed
-//! (a busy directory such as /tmp costs a stat per event, not a pass);
-//! SIGHUP reloads in any case. Plain writes (`IN_MODIFY`) are not
-//! acted on: the file is read when the writer closes it (`IN_CLOSE_WRITE`),
-//! never half-written.
+//! which a watch on the old inode would miss. The kernel is asked only for
+//! the events that can complete a change of an entry (`IN_CLOSE_WRITE`,
+//! `IN_MOVED_FROM`/`TO`, `IN_DELETE`, `IN_CREATE`; plain writes, opens and
+//! attribute changes are not even queued), and the thread passes on only
+//! those of the entries that lead to the file: its own name and, when it
+//! is a symlink with a relative target, that target's first component (a
+//! ConfigMap's `..data`). A busy directory such as /tmp, or the directory
+//! the daemon's own log is written to, then costs a read of the event in
+//! that thread, not a stat and a wakeup of the loop. For the events passed
+//! on, the loop compares the file's [`Stamp`] (device, inode, size, mtime,
+//! through symlinks), and wakes and reloads only if it changed; SIGHUP
+//! reloads in any case. A file is read when the writer closes it
+//! (`IN_CLOSE_WRITE`), never half-written: a created regular file is not
+//! acted on until then, a created symlink is (it is complete at once).
 //!
 //! Where inotify cannot be had (no watch left, a filesystem without it), the
 //! loop falls back to comparing the stamp once a second, and says so.
 
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use crossbeam::channel::{unbounded, Receiver, Sender};
-use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
-use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
 use tracing::warn;
 
 use crate::config::{stamp, Source, Stamp};
@@ -36,9 +48,32 @@ use crate::config::{stamp, Source, Stamp};
 pub enum Trigger {
     /// SIGHUP: reload whatever the file's stamp says.
     Signal,
-    /// Something changed in the config file's directory: reload if the
-    /// file's stamp changed.
+    /// An entry leading to the config file (or the policy script) changed:
+    /// reload if the file's stamp changed.
     File,
+}
+
+/// The events that can complete a change of a directory's entry.
+const DIR_EVENTS: WatchMask = WatchMask::CLOSE_WRITE
+    .union(WatchMask::MOVED_FROM)
+    .union(WatchMask::MOVED_TO)
+    .union(WatchMask::DELETE)
+    .union(WatchMask::CREATE)
+    .union(WatchMask::DELETE_SELF)
+    .union(WatchMask::MOVE_SELF)
+    .union(WatchMask::ONLYDIR);
+
+/// Each watched directory and the names of interest in it, shared with the
+/// inotify thread.
+type Names = Arc<Mutex<HashMap<WatchDescriptor, (PathBuf, Vec<OsString>)>>>;
+
+/// The inotify side: the thread reading the events, the watches, and the
+/// names it passes events on for.
+struct DirWatch {
+    watches: Watches,
+    names: Names,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// The triggers of one daemon: SIGHUP and, with a config file, its
@@ -46,9 +81,7 @@ pub enum Trigger {
 pub(crate) struct ReloadWatch {
     rx: Receiver<Trigger>,
     tx: Sender<Trigger>,
-    watcher: Option<RecommendedWatcher>,
-    /// The directories watched.
-    dirs: Vec<PathBuf>,
+    inotify: Option<DirWatch>,
     signals: Option<signal_hook::iterator::Handle>,
 }
 
@@ -60,21 +93,124 @@ fn dir_of(file: &Path) -> PathBuf {
     }
 }
 
-/// Whether an inotify event may have changed a file (see the module doc).
-fn relevant(kind: &EventKind) -> bool {
-    matches!(
-        kind,
-        EventKind::Access(AccessKind::Close(AccessMode::Write))
-            | EventKind::Modify(ModifyKind::Name(_))
-            | EventKind::Remove(_)
-    )
+/// The entries of `file`'s directory whose change can change what `file`
+/// reads: its own name and, for a symlink with a relative target, the
+/// target's first component (`..data/zernel.toml` -> `..data`).
+fn names_of(file: &Path) -> Vec<OsString> {
+    let mut names: Vec<OsString> = file.file_name().map(|n| n.to_os_string()).into_iter().collect();
+    if let Ok(target) = std::fs::read_link(file) {
+        if let Some(Component::Normal(first)) = target.components().next() {
+            if !names.iter().any(|n| n == first) {
+                names.push(first.to_os_string());
+            }
+        }
+    }
+    names
+}
+
+/// Whether an event may have changed one of `names` (see the module doc).
+fn relevant(mask: EventMask, name: Option<&std::ffi::OsStr>, names: &[OsString], dir: &Path) -> bool {
+    if mask.intersects(EventMask::Q_OVERFLOW | EventMask::DELETE_SELF | EventMask::MOVE_SELF) {
+        return true;
+    }
+    let Some(name) = name else { return false };
+    if !names.iter().any(|n| n == name) {
+        return false;
+    }
+    if mask.contains(EventMask::CREATE) {
+        // Complete at once only if it is a symlink; a regular file is
+        // taken at its IN_CLOSE_WRITE.
+        return std::fs::symlink_metadata(dir.join(name)).is_ok_and(|m| m.file_type().is_symlink());
+    }
+    true
+}
+
+impl DirWatch {
+    /// An inotify instance watching `file`'s directory, and its thread
+    /// (started only once the watch is in place).
+    fn start(tx: Sender<Trigger>, file: &Path) -> Result<DirWatch> {
+        let mut inotify = Inotify::init().context("creating an inotify instance")?;
+        let names: Names = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut w = DirWatch { watches: inotify.watches(), names, stop, thread: None };
+        w.add(file)?;
+        let (names_t, stop_t) = (w.names.clone(), w.stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("zernel-inotify".into())
+            .spawn(move || {
+                let mut buf = [0u8; 4096];
+                while !stop_t.load(Ordering::Acquire) {
+                    let events = match inotify.read_events_blocking(&mut buf) {
+                        Ok(ev) => ev,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            warn!("reading inotify events: {e}; changes of the config file are no longer seen");
+                            return;
+                        }
+                    };
+                    let names = names_t.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut hit = false;
+                    for ev in events {
+                        hit |= match names.get(&ev.wd) {
+                            Some((dir, wanted)) => relevant(ev.mask, ev.name, wanted, dir),
+                            // The queue's overflow has no watch.
+                            None => ev.mask.contains(EventMask::Q_OVERFLOW),
+                        };
+                    }
+                    drop(names);
+                    if hit && tx.send(Trigger::File).is_err() {
+                        return;
+                    }
+                }
+            })
+            .context("starting the inotify thread")?;
+        w.thread = Some(thread);
+        Ok(w)
+    }
+}
+impl DirWatch {
+    /// Watches `file`'s directory, passing on the events of its names.
+    fn add(&mut self, file: &Path) -> Result<()> {
+        let dir = dir_of(file);
+        let wd = self
+            .watches
+            .add(&dir, DIR_EVENTS)
+            .with_context(|| format!("watching {} with inotify", dir.display()))?;
+        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = names.entry(wd).or_insert_with(|| (dir.clone(), Vec::new()));
+        for n in names_of(file) {
+            if !entry.1.contains(&n) {
+                entry.1.push(n);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DirWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Removing a watch queues IN_IGNORED, which ends the thread's read.
+        let wds: Vec<WatchDescriptor> =
+            self.names.lock().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect();
+        let mut removed = false;
+        for wd in wds {
+            removed |= self.watches.remove(wd).is_ok();
+        }
+        // (A directory removed meanwhile took its watch, and the thread
+        // saw that IN_IGNORED already; with none left to remove, it is
+        // left blocked rather than joined forever.)
+        if let (Some(t), true) = (self.thread.take(), removed) {
+            let _ = t.join();
+        }
+    }
 }
 
 impl ReloadWatch {
     /// A watch with no sources yet.
     pub fn new() -> ReloadWatch {
         let (tx, rx) = unbounded();
-        ReloadWatch { rx, tx, watcher: None, dirs: Vec::new(), signals: None }
+        ReloadWatch { rx, tx, inotify: None, signals: None }
     }
 
     /// Wakes on SIGHUP from now on.
@@ -96,44 +232,22 @@ impl ReloadWatch {
         Ok(())
     }
 
-    /// Wakes on changes in `config`'s directory from now on. An error
-    /// (inotify unavailable) leaves the watch without this source.
-    pub(crate) fn on_file(&mut self, config: &Path) -> Result<()> {
-        let dir = dir_of(config);
-        let tx = self.tx.clone();
-        let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            if let Ok(ev) = res {
-                if relevant(&ev.kind) {
-                    let _ = tx.send(Trigger::File);
-                }
+    /// Wakes on changes of `file` (through its directory) from now on. An
+    /// error (inotify unavailable, no such directory) leaves the watch
+    /// without this file.
+    pub(crate) fn on_file(&mut self, file: &Path) -> Result<()> {
+        match &mut self.inotify {
+            Some(w) => w.add(file),
+            None => {
+                self.inotify = Some(DirWatch::start(self.tx.clone(), file)?);
+                Ok(())
             }
-        })
-        .context("creating an inotify watch")?;
-        watcher
-            .watch(&dir, RecursiveMode::NonRecursive)
-            .with_context(|| format!("watching {} with inotify", dir.display()))?;
-        self.watcher = Some(watcher);
-        self.dirs = vec![dir];
-        Ok(())
-    }
-
-    /// Also wakes on changes in `file`'s directory (the policy script's),
-    /// with the triggers of [`on_file`](Self::on_file).
-    pub(crate) fn on_file_too(&mut self, file: &Path) -> Result<()> {
-        let dir = dir_of(file);
-        if self.dirs.contains(&dir) {
-            return Ok(());
         }
-        let Some(w) = &mut self.watcher else { return self.on_file(file) };
-        w.watch(&dir, RecursiveMode::NonRecursive)
-            .with_context(|| format!("watching {} with inotify", dir.display()))?;
-        self.dirs.push(dir);
-        Ok(())
     }
 
     /// Whether changes of the file wake the loop (else it must poll).
     pub(crate) fn watches_file(&self) -> bool {
-        self.watcher.is_some()
+        self.inotify.is_some()
     }
 
     /// The channel the triggers arrive on.
@@ -217,7 +331,7 @@ impl Reloader {
         if self.script.as_ref().is_some_and(|s| s.0 == p) {
             return;
         }
-        let polled = match self.watch.on_file_too(&p) {
+        let polled = match self.watch.on_file(&p) {
             Ok(()) => false,
             Err(e) => {
                 warn!("{path}: {e:#}; changes of the policy script are looked for once a second");
@@ -324,6 +438,84 @@ mod tests {
     }
 
     #[test]
+    fn other_entries_of_the_directory_wake_nothing() {
+        let tmp = TempDir::new("reload-busy");
+        let dir = tmp.path();
+        let cfg = dir.join("zernel.toml");
+        std::fs::write(&cfg, "").unwrap();
+        let mut w = ReloadWatch::new();
+        w.on_file(&cfg).unwrap();
+
+        // A busy directory: a log written to, a file replaced by rename
+        // (as the GPU file provider's writers do), another removed.
+        let mut log = std::fs::File::create(dir.join("sched.log")).unwrap();
+        for i in 0..20 {
+            std::io::Write::write_all(&mut log, format!("line {i}\n").as_bytes()).unwrap();
+            std::fs::write(dir.join(".gpu.json.tmp"), format!("{{\"n\":{i}}}")).unwrap();
+            std::fs::rename(dir.join(".gpu.json.tmp"), dir.join("gpu.json")).unwrap();
+        }
+        std::fs::remove_file(dir.join("gpu.json")).unwrap();
+        drop(log);
+        assert_eq!(wait(&w, Duration::from_millis(300)), None, "another entry's change woke the loop");
+
+        // The positive control, in the same watch: the file itself.
+        std::fs::write(&cfg, "# changed\n").unwrap();
+        assert_eq!(wait(&w, Duration::from_secs(2)), Some(Trigger::File));
+    }
+
+    #[test]
+    fn a_configmap_style_symlink_swap_wakes() {
+        // zernel.toml -> ..data/zernel.toml, ..data -> ..v1: kubectl
+        // updates a ConfigMap by renaming a new ..data over the old one.
+        let tmp = TempDir::new("reload-configmap");
+        let dir = tmp.path();
+        for v in ["..v1", "..v2"] {
+            std::fs::create_dir(dir.join(v)).unwrap();
+            std::fs::write(dir.join(v).join("zernel.toml"), format!("# {v}\n")).unwrap();
+        }
+        std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
+        let cfg = dir.join("zernel.toml");
+        std::os::unix::fs::symlink("..data/zernel.toml", &cfg).unwrap();
+        let mut w = ReloadWatch::new();
+        w.on_file(&cfg).unwrap();
+        let s0 = stamp(&cfg);
+
+        std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).unwrap();
+        assert_eq!(wait(&w, Duration::from_millis(300)), None, "..data_tmp's creation woke the loop");
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+        assert_eq!(wait(&w, Duration::from_secs(2)), Some(Trigger::File));
+        assert_ne!(stamp(&cfg), s0);
+
+        // Removed, then created again as a symlink: both wake.
+        std::fs::remove_file(&cfg).unwrap();
+        assert_eq!(wait(&w, Duration::from_secs(2)), Some(Trigger::File));
+        std::os::unix::fs::symlink("..v1/zernel.toml", &cfg).unwrap();
+        assert_eq!(wait(&w, Duration::from_secs(2)), Some(Trigger::File));
+        assert_eq!(stamp(&cfg), stamp(&dir.join("..v1/zernel.toml")));
+    }
+
+    #[test]
+    fn dropping_the_watch_ends_its_thread() {
+        let tmp = TempDir::new("reload-drop");
+        let cfg = tmp.path().join("zernel.toml");
+        std::fs::write(&cfg, "").unwrap();
+        let mut w = ReloadWatch::new();
+        w.on_file(&cfg).unwrap();
+        let handle = w.inotify.as_mut().and_then(|d| d.thread.take()).expect("a thread");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(w);
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(Duration::from_secs(5)).expect("drop did not return");
+        let t = Instant::now();
+        while !handle.is_finished() {
+            assert!(t.elapsed() < Duration::from_secs(5), "the inotify thread still runs after drop");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
     fn only_a_changed_file_makes_a_reload_due() {
         use std::time::Duration;
         let tmp = TempDir::new("reload-due");
@@ -341,10 +533,7 @@ mod tests {
             }
         };
 
-        std::fs::write(dir.join("other.log"), "x").unwrap();
-        let t = next_file_event(&r);
-        assert!(!r.note(&source, t), "another file's change made a reload due");
-
+        std::thread::sleep(Duration::from_millis(20));
         std::fs::write(&cfg, rule("^b$")).unwrap();
         let t = next_file_event(&r);
         assert!(r.note(&source, t));
