@@ -144,7 +144,9 @@ impl DirWatch {
                         Ok(ev) => ev,
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                         Err(e) => {
-                            warn!("reading inotify events: {e}; changes of the config file are no longer seen");
+                            warn!(
+                                "reading inotify events: {e}; changes of the config file are looked for once a second"
+                            );
                             return;
                         }
                     };
@@ -172,10 +174,8 @@ impl DirWatch {
     /// Watches `file`'s directory, passing on the events of its names.
     fn add(&mut self, file: &Path) -> Result<()> {
         let dir = dir_of(file);
-        let wd = self
-            .watches
-            .add(&dir, DIR_EVENTS)
-            .with_context(|| format!("watching {} with inotify", dir.display()))?;
+        let wd =
+            self.watches.add(&dir, DIR_EVENTS).with_context(|| format!("watching {} with inotify", dir.display()))?;
         let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         let entry = names.entry(wd).or_insert_with(|| (dir.clone(), Vec::new()));
         for n in names_of(file) {
@@ -191,8 +191,7 @@ impl Drop for DirWatch {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         // Removing a watch queues IN_IGNORED, which ends the thread's read.
-        let wds: Vec<WatchDescriptor> =
-            self.names.lock().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect();
+        let wds: Vec<WatchDescriptor> = self.names.lock().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect();
         let mut removed = false;
         for wd in wds {
             removed |= self.watches.remove(wd).is_ok();
@@ -245,9 +244,10 @@ impl ReloadWatch {
         }
     }
 
-    /// Whether changes of the file wake the loop (else it must poll).
+    /// Whether changes of the file wake the loop (else it must poll): a
+    /// watch is in place and its thread still reads.
     pub(crate) fn watches_file(&self) -> bool {
-        self.inotify.is_some()
+        self.inotify.as_ref().is_some_and(|w| w.thread.as_ref().is_some_and(|t| !t.is_finished()))
     }
 
     /// The channel the triggers arrive on.
