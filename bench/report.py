@@ -132,7 +132,8 @@ def load_over(hz, samples, start, end):
 class Data:
     """Values by (sched, metric) -> {rep: value}, derived metrics included."""
 
-    def __init__(self, runs):
+    def __init__(self, runs, vcpus=None):
+        self.vcpus = vcpus
         self.v = defaultdict(dict)
         for r in runs:
             self.v[(r["sched"], r["metric"])][r["rep"]] = r["value"]
@@ -174,6 +175,13 @@ class Data:
               "eevdf", "torch_train_con_steps_per_sec")
             r("torch_train_cpu_con_over_iso", s, "torch_train_con_cpu", s, "torch_train_iso_cpu")
             r("torch_train_hogs_cpu_over_eevdf", s, "torch_train_hogs_cpu", "eevdf", "torch_train_hogs_cpu")
+            # What neither the training nor the hogs got: the guest's kernel,
+            # the harness, a scheduler's own process (both figures come from
+            # the same /proc passes, over the same window).
+            if self.vcpus:
+                job, hogs = self.get(s, "torch_train_con_cpu"), self.get(s, "torch_train_hogs_cpu")
+                for rep in job.keys() & hogs.keys():
+                    self.put(s, "torch_train_other_cpu", rep, self.vcpus - job[rep] - hogs[rep])
             r("torch_infer_p99_con_over_iso", s, "torch_infer_con_p99_ms", s, "torch_infer_iso_p99_ms")
             r("torch_infer_p50_con_over_iso", s, "torch_infer_con_p50_ms", s, "torch_infer_iso_p50_ms")
             r("torch_infer_rps_con_over_iso", s, "torch_infer_con_rps", s, "torch_infer_iso_rps")
@@ -608,7 +616,7 @@ def main():
         SCHED_LABEL["zernel_base"] = f"scx_zernel @{meta['base_commit']}"
     if not runs:
         print("report: no BENCH lines in " + ", ".join(args.logs), file=sys.stderr)
-    d = Data(runs)
+    d = Data(runs, int(meta["vcpus"]) if meta.get("vcpus", "").isdigit() else None)
     short = meta.get("short") == "1"
 
     try:
@@ -934,7 +942,10 @@ def main():
             f"samples: {tsteps} steps alone, then {csteps} steps with `stress-ng --cpu {hogs}` (2x "
             "oversubscription). Steps/s, the vCPUs the trainer and its workers used, and the hogs' CPU ÷ the "
             "CPU the training left idle, read as in the sized pipeline above; the job's and the hogs' CPU "
-            "times and the clock at each end of a window come from one pass over /proc.\n")
+            "times and the clock at each end of a window come from one pass over /proc. The vCPUs neither the "
+            "training nor the hogs used are the rest of the guest (its kernel threads, the harness's waits and "
+            "/proc passes, a scheduler's own process); they weigh in the hogs' share of the idle CPU in "
+            "proportion to how little the training leaves idle.\n")
         md.append(
             f"Inference: `serve.py`, a small transformer language model with random weights serving on a "
             f"Unix socket, and `client.py` sending {treq} requests one after another (each waits for the "
@@ -954,6 +965,8 @@ def main():
             ("torch_train_hogs_cpu", "hogs' CPU (vCPUs)"),
             ("torch_train_hogs_cpu_over_eevdf", "hogs' CPU ÷ EEVDF's"),
             ("torch_train_hogs_share_of_idle", "hogs' CPU ÷ CPU left idle by the training"),
+            ("torch_train_other_cpu", "vCPUs neither the training nor the hogs used (guest kernel, harness, "
+             "scheduler process)"),
             (None, "inference"),
             ("torch_infer_iso_rps", "requests/s, alone"),
             ("torch_infer_con_rps", "requests/s, with hogs"),
