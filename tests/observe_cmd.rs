@@ -183,3 +183,69 @@ fn text_table_count_and_sigint() {
     };
     assert!(status.success(), "{status}");
 }
+
+/// A launcher that re-executes itself with RANK set (the same program with
+/// the same arguments, a new environment), found before that exec: not ML
+/// at first, ML by its new environment after it.
+#[test]
+fn a_program_re_executing_itself_with_rank_set_becomes_ml() {
+    let dir = TempDir::new("reexec");
+    let config = write_config(&dir.0, &dir.0.join("no-gpu.json"));
+    let stderr = dir.0.join("stderr");
+    // $0 is the script, $1 the file that lets it re-execute; the exec
+    // repeats its own arguments, so only the environment differs.
+    const SCRIPT: &str = r#"if [ -z "$RANK" ]; then
+  while [ ! -e "$1" ]; do sleep 0.05; done
+  exec env RANK=0 WORLD_SIZE=1 sh -c "$0" "$0" "$1"
+fi
+while [ -e "$1" ]; do sleep 0.1; done"#;
+    let go = dir.0.join("go");
+    // spawn() returns once sh runs: it cannot re-execute before `go` exists.
+    let launcher = Reaped(
+        Command::new("sh")
+            .args(["-c", SCRIPT, SCRIPT])
+            .arg(&go)
+            .env_remove("RANK")
+            .env_remove("LOCAL_RANK")
+            .env_remove("WORLD_SIZE")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .spawn()
+            .expect("starting sh"),
+    );
+    let pid = launcher.0.id() as i64;
+
+    let mut obs = observe(&["--json", "--interval-ms", "100", "--count", "900"], &config, &stderr);
+    let lines = BufReader::new(obs.0.stdout.take().unwrap()).lines();
+    let (mut passes, mut ml) = (0u64, None::<(u64, Value)>);
+    let start = Instant::now();
+    for line in lines {
+        let line = line.expect("reading observe's output");
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        passes += 1;
+        let p = v["processes"].as_array().expect("processes").iter().find(|p| p["pid"].as_i64() == Some(pid)).cloned();
+        if passes == 1 {
+            // The first pass found it (listing /proc) before its exec.
+            assert!(p.is_none(), "listed as ML before its exec: {p:?}");
+            std::fs::write(&go, "").unwrap();
+        } else if let Some(p) = p {
+            ml = Some((passes, p));
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+    }
+    drop(obs);
+    let mut err = String::new();
+    let _ = std::fs::File::open(&stderr).and_then(|mut f| f.read_to_string(&mut err));
+    let (pass, p) = ml.unwrap_or_else(|| {
+        panic!(
+            "the launcher (pid {pid}) was not ML in {passes} passes ({:?}) after its exec; stderr:\n{err}",
+            start.elapsed()
+        )
+    });
+    assert_eq!(p["comm"], "sh", "{p}");
+    assert_eq!(p["ml"], Value::Bool(true), "{p}");
+    assert_eq!(p["evidence"], serde_json::json!(["env_rank"]), "{p}");
+    assert!(pass <= 100, "ML only at pass {pass}: {p}");
+}

@@ -49,6 +49,9 @@ pub struct FakeProc {
     pub uid: u32,
     pub gid: u32,
     pub vsize: u64,
+    /// Where the program's stack lies (stat's startstack and the
+    /// environment's start; its end follows `env`): an exec moves it.
+    pub stack: u64,
     pub kernel_thread: bool,
     pub exe: String,
     pub cmdline: Vec<String>,
@@ -72,6 +75,7 @@ impl FakeProc {
             uid: 1000,
             gid: 1000,
             vsize: 100 << 20,
+            stack: 0x7ffd_0000_0000,
             kernel_thread: false,
             exe: format!("/usr/bin/{comm}"),
             cmdline: vec![comm.to_string()],
@@ -98,6 +102,7 @@ fn stat_line(
     nthreads: usize,
     start: u64,
     vsize: u64,
+    (stack, env_end): (u64, u64),
     cpu: u32,
     cpu_ns: u64,
 ) -> String {
@@ -105,8 +110,14 @@ fn stat_line(
     let utime = cpu_ns / 10_000_000;
     format!(
         "{id} ({comm}) {state} {ppid} {id} {id} 0 -1 {flags} 0 0 0 0 {utime} 0 0 0 20 0 {nthreads} 0 {start} {vsize} 100 \
-18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 {cpu} 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
+18446744073709551615 1 1 {stack} 0 0 0 0 0 0 0 0 0 17 {cpu} 0 0 0 0 0 0 0 0 0 0 {stack} {env_end} 0\n"
     )
+}
+
+/// stat's (startstack, env_end) for `p`.
+fn stack_fields(p: &FakeProc) -> (u64, u64) {
+    let env_len: usize = p.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    (p.stack, p.stack + env_len as u64)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -144,6 +155,7 @@ pub fn write_proc(root: &Path, p: &FakeProc) {
             p.threads.len(),
             p.start,
             p.vsize,
+            stack_fields(p),
             main.cpu,
             // The process's line sums its threads.
             p.threads.iter().map(|t| t.cpu_ns).sum(),
@@ -192,7 +204,19 @@ pub fn write_thread(root: &Path, p: &FakeProc, t: &FakeThread) {
     let dir = root.join(format!("{}/task/{}", p.pid, t.tid));
     write(
         dir.join("stat"),
-        stat_line(t.tid, &t.comm, t.state, p.ppid, proc_flags(p), p.threads.len(), t.start, p.vsize, t.cpu, t.cpu_ns),
+        stat_line(
+            t.tid,
+            &t.comm,
+            t.state,
+            p.ppid,
+            proc_flags(p),
+            p.threads.len(),
+            t.start,
+            p.vsize,
+            stack_fields(p),
+            t.cpu,
+            t.cpu_ns,
+        ),
     );
     write(dir.join("comm"), format!("{}\n", t.comm));
     write(dir.join("schedstat"), format!("{} {} {}\n", t.cpu_ns, t.runq_ns, t.slices));

@@ -65,6 +65,13 @@ struct ProcStat {
     /// utime + stime in clock ticks: the whole process's when read from
     /// /proc/<pid>/stat, the main thread's from its task/ entry.
     cpu_ticks: u64,
+    /// Where the program's code, stack and environment lie: an exec
+    /// builds them anew (at new addresses under ASLR; the environment's
+    /// end moves with its size in any case), so a change with the same
+    /// start time is an exec, even of the same program with the same
+    /// arguments (a launcher re-executing itself with RANK set). Zeros
+    /// when the reader may not trace the process.
+    image: [u64; 4],
 }
 
 fn parse_proc_stat(bytes: &[u8]) -> Result<ProcStat, ReadError> {
@@ -77,6 +84,7 @@ fn parse_proc_stat(bytes: &[u8]) -> Result<ProcStat, ReadError> {
         vsize: st.vsize,
         kernel_thread: st.flags & PF_KTHREAD != 0,
         cpu_ticks: st.utime.saturating_add(st.stime),
+        image: [st.startcode, st.startstack, st.env_start.unwrap_or(0), st.env_end.unwrap_or(0)],
     })
 }
 
@@ -115,6 +123,8 @@ pub struct ProcEntry {
     task_dir: DirFile,
     vsize: u64,
     vsize_at_scan: u64,
+    /// [`ProcStat::image`] as last read.
+    image: [u64; 4],
     last_scan: Instant,
     next_rescan: Instant,
     /// Rescans since exe, cmdline and cgroup were last all read.
@@ -237,6 +247,7 @@ impl ProcEntry {
             task_dir: DirFile::default(),
             vsize: st.vsize,
             vsize_at_scan: st.vsize,
+            image: st.image,
             last_scan: ctx.now,
             next_rescan: ctx.now + stagger.max(Duration::from_millis(1)),
             rescans_since_reconcile: 0,
@@ -386,6 +397,8 @@ impl ProcEntry {
         }
         self.view.nr_threads = st.num_threads;
         self.vsize = st.vsize;
+        let new_image = st.image != self.image;
+        self.image = st.image;
         let renamed = *self.view.comm != *st.comm;
         if renamed {
             self.view.comm = Arc::from(st.comm.as_str());
@@ -409,7 +422,7 @@ impl ProcEntry {
                 self.cgroup_due = true;
             }
         }
-        let program_due = renamed || (rescan_due && self.program_due);
+        let program_due = renamed || new_image || (rescan_due && self.program_due);
         if self.view.kernel_thread || !(program_due || rescan_due) {
             return Ok(());
         }
@@ -422,10 +435,11 @@ impl ProcEntry {
         if cmd_changed {
             self.view.changes |= Changes::RENAMED;
         }
-        if exe_changed || cmd_changed {
-            // A new program (or the same binary with new arguments): its
-            // environment, identity and evidence are new.
-            if exe_changed {
+        let exec = exe_changed || new_image;
+        if exec || cmd_changed {
+            // A new program (or the same binary with new arguments or a new
+            // environment): its environment, identity and evidence are new.
+            if exec {
                 self.view.changes |= Changes::EXEC;
                 self.forced = None;
                 self.device_open = None;
@@ -433,7 +447,7 @@ impl ProcEntry {
             }
             self.read_identity(ctx);
             self.read_environ(ctx, s.matcher);
-            self.scan_evidence(ctx, s.matcher, if exe_changed { "exec" } else { "new arguments" });
+            self.scan_evidence(ctx, s.matcher, if exec { "exec" } else { "new arguments" });
         } else if renamed && ctx.now.saturating_duration_since(self.last_scan) >= s.evidence_interval {
             // A renamed program (e.g. Python naming itself after importing
             // torch) may have mapped GPU libraries meanwhile.

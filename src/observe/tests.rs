@@ -709,6 +709,33 @@ fn renames_and_exec_are_reported_once() {
 }
 
 #[test]
+fn a_program_re_executing_itself_with_a_new_environment_is_read_again() {
+    // A launcher that re-executes itself with RANK set (same binary, same
+    // arguments), first seen before its exec.
+    let dir = TempDir::new("observe-reexec");
+    let root = dir.path();
+    let mut p = FakeProc::new(40, 1, "launcher");
+    write_proc(root, &p);
+    let mut o = observer(root);
+    assert!(!proc_of(&poll(&mut o), 40).ml);
+    // The environment file alone changing is not read again (only an
+    // exec makes a new environment).
+    std::fs::write(root.join("40/environ"), "PATH=/usr/bin\0RANK=0\0").unwrap();
+    assert!(!proc_of(&poll(&mut o), 40).ml);
+    // The exec: a new stack and environment, the same exe and cmdline.
+    p.env.push(("RANK".into(), "0".into()));
+    p.stack += 0x1000;
+    write_proc(root, &p);
+    let s = poll(&mut o);
+    let v = proc_of(&s, 40);
+    assert!(v.changes.contains(Changes::EXEC), "{:?}", v.changes);
+    assert!(v.ml && v.evidence.contains(MlEvidence::ENV_RANK), "{}", v.evidence);
+    assert_eq!(v.env.rank, Some(0));
+    assert_eq!(thread_of(&s, 40).role, ThreadRole::Trainer);
+    assert!(!poll(&mut o).process(40).unwrap().changes.contains(Changes::EXEC), "the exec is reported once");
+}
+
+#[test]
 fn late_gpu_initialisation_is_noticed() {
     let dir = TempDir::new("observe-late");
     let root = dir.path();
