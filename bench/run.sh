@@ -53,7 +53,12 @@
 #      the work tree, so that CI's fresh clone of the repository finds them
 #      too). A peer that fails to build is reported as "not built: <reason>"
 #      in the results; the benchmark goes on without it.
-#   3. One stress-ng calibration on the host (see bench/report.py).
+#   3. schbench (no distribution packages it): the one on PATH, else built
+#      once from its upstream source at SCHBENCH_REV (cloned from the first
+#      of SCHBENCH_URLS that answers, `make`) and cached in
+#      $BENCH_CACHE/schbench; if neither works the results say why and the
+#      latency case goes on without it. One stress-ng calibration on the
+#      host (see bench/report.py).
 #   4. One VM (tests/vm/vmrun.sh --host-root --smp N --mem 4G: the host's
 #      root, read-only, so that the guest runs the PyTorch venv that
 #      scripts/setup-deps.sh makes, passed as ZERNEL_PYTHON) running
@@ -82,6 +87,9 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 2
 PEERS=(bpfland lavd cosmos)
 declare -A PEER_VERSION=([bpfland]=1.1.4 [lavd]=1.1.4 [cosmos]=1.1.7)
+SCHBENCH_URLS=(https://git.kernel.org/pub/scm/linux/kernel/git/mason/schbench.git
+               https://github.com/masoncl/schbench.git)
+SCHBENCH_REV=24e32b8ef67cbafb0761aed68747d90a291767ae
 VENV=${VMRUN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel/venv}
 CACHE=${BENCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel-bench}
 PEER_TIMEOUT=${BENCH_PEER_BUILD_TIMEOUT:-1800}
@@ -239,6 +247,43 @@ else
 fi
 
 # ---- 3. guest tools and the host calibration ---------------------------------------------
+# build_schbench : make $CACHE/schbench/bin/schbench at SCHBENCH_REV exist;
+# prints the reason and returns 1 if it cannot.
+build_schbench() {
+  local root=$CACHE/schbench u slog
+  slog=$root/build.log
+  [ -x "$root/bin/schbench" ] && [ "$(cat "$root/bin/REV" 2>/dev/null)" = "$SCHBENCH_REV" ] && return 0
+  mkdir -p "$root/bin" && rm -rf "$root/src" && : >"$slog"
+  log "building schbench @${SCHBENCH_REV:0:7} (once; cached in $root; log $slog)" >&2
+  for u in "${SCHBENCH_URLS[@]}"; do
+    timeout 300 git clone -q "$u" "$root/src" >>"$slog" 2>&1 && break
+    rm -rf "$root/src"
+  done
+  if [ ! -d "$root/src" ]; then
+    echo "its source could not be cloned from ${SCHBENCH_URLS[*]}: $(grep -m1 -E 'fatal|error' "$slog" | cut -c1-160)"
+    return 1
+  fi
+  if ! git -C "$root/src" checkout -q "$SCHBENCH_REV" >>"$slog" 2>&1; then
+    echo "commit ${SCHBENCH_REV:0:7} not in its source"; return 1
+  fi
+  if ! make -C "$root/src" schbench >>"$slog" 2>&1; then
+    echo "make failed: $(grep -m1 -iE 'error|not found' "$slog" | cut -c1-160)"; return 1
+  fi
+  cp "$root/src/schbench" "$root/bin/schbench" && echo "$SCHBENCH_REV" >"$root/bin/REV"
+}
+case ",$CASES," in
+  *,latency,*)
+    if p=$(command -v schbench); then
+      ADDS+=("$p")
+      echo "BENCHMETA schbench=\"$p (on the host's PATH)\"" >>"$META"
+    elif reason=$(build_schbench); then
+      ADDS+=("$CACHE/schbench/bin/schbench=/usr/local/bin/schbench")
+      echo "BENCHMETA schbench=\"schbench @${SCHBENCH_REV:0:7} (upstream source, built on the host)\"" >>"$META"
+    else
+      log "schbench not built: $reason"
+      echo "BENCHMETA schbench=\"not available: ${reason//\"/\'}\"" >>"$META"
+    fi ;;
+esac
 for t in stress-ng cyclictest; do
   p=$(command -v $t) || die "$t not found (scripts/setup-deps.sh installs it)"
   ADDS+=("$p")
