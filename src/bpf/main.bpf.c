@@ -12,11 +12,12 @@
  *   enqueue ─> zernel_enqueue: preempt flag and a CPU running a lower class?
  *              └─ yes: head of that CPU's local queue, current task preempted
  *              └─ no idle CPU, a short-burst wakeup, a short queue, and
- *                 its own CPU runs a hog of its class or lower (or a task
- *                 that ran long enough): head of that CPU's local queue,
- *                 the hog preempted (wake_victim)
+ *                 its waker's CPU (else its own) runs a hog of its class
+ *                 or lower (or a task that ran long enough): head of that
+ *                 CPU's local queue, the hog preempted (wake_victim)
  *              └─ else: dsq[node][class], in task vtime order (see
- *                      queue_vtime()); kick an idle CPU, its node first
+ *                      queue_vtime()); claim and kick an idle CPU, its
+ *                      node first (see claim_idle())
  *   slice end ─> zernel_dispatch, before the task is queued again: it
  *              keeps its CPU for another slice if the next task would come
  *              from its own queue and it goes before that queue's head, or
@@ -534,6 +535,28 @@ static s32 find_idle(struct task_struct *p, u32 node)
 }
 
 /*
+ * Claims an idle CPU @p may use, on @node first; -1 if none. Claimed, so
+ * that a wakeup's select_cpu cannot pick the same CPU before it has taken
+ * the work it is kicked for: it would put its task in that CPU's local
+ * queue, behind the task the CPU then takes from the class queue, while
+ * another CPU goes idle.
+ */
+static s32 claim_idle(struct task_struct *p, u32 node)
+{
+	u32 i;
+	s32 cpu;
+
+	if (!numa_enabled)
+		return scx_bpf_pick_idle_cpu(p->cpus_ptr, 0);
+	bpf_for(i, 0, nr_nodes) {
+		cpu = claim_idle_on(p, (node + i) % nr_nodes);
+		if (cpu >= 0)
+			return cpu;
+	}
+	return -1;
+}
+
+/*
  * May @p run on some CPU of @node (one this machine has)? A thread whose
  * GPU is on another node than the CPUs it is pinned to (taskset, numactl,
  * an OpenMP pool) must queue where it can run: in its preferred node's
@@ -640,47 +663,66 @@ static s32 find_victim(struct task_struct *p, u32 class)
  * Wakeup preemption, EEVDF-like. A task that runs in short bursts (less than
  * wake_preempt_ns between sleeps, on average) and wakes when no CPU is idle
  * would otherwise wait for some CPU's slice to end (and slices end at
- * scheduler ticks). Instead it takes its own CPU (the one it last ran on,
- * where select_cpu left it: usually the CPU handling the wakeup, so no IPI)
- * if the task running there is of its class or a lower one and either runs
- * in long bursts (a CPU hog: it has used wake_preempt_ns since it last woke,
- * or does on average) or has run for a quarter of wake_preempt_ns.
+ * scheduler ticks). Instead it takes the CPU its wakeup is handled on (its
+ * waker's, or its own for a timer or a remote wakeup), else its own CPU
+ * (the one it last ran on, where select_cpu left it), if the task running
+ * there is of its class or a lower one and either runs in long bursts (a
+ * CPU hog: it has used wake_preempt_ns since it last woke, or does on
+ * average) or has run for a quarter of wake_preempt_ns.
  *
  *   short-burst wakeup, no idle CPU, fewer tasks queued than CPUs
- *     └─> own CPU: class >= its class, and a hog or ran >= wake_preempt_ns/4?
+ *     └─> waker's CPU, else own CPU: class >= its class, and a hog or ran
+ *         >= wake_preempt_ns/4?
  *         └─ yes: head of its local queue, its task preempted; the CPU is
  *                 claimed (started_at = 0) until its next task starts
  *         └─ no:  the class queue, like any other task
  *
- * Only its own CPU: looking further afield made the tail latency worse
- * (an IPI to a busy CPU, where the task would soon have found its own CPU
- * free) and each wakeup dearer.
+ * The waker's CPU first: a waker often sleeps right after its wakeup (a
+ * worker that posts a request to its dispatcher, then waits for the next),
+ * so its CPU is the one about to be free. Taking the wakee's own CPU first
+ * cut short a task that still had work there, while the waker's CPU went
+ * idle: under schbench (one message thread, two workers, two vCPUs) that
+ * cost 10 % of the requests/s. No CPU further afield: that made the tail
+ * latency worse (an IPI to a busy CPU, where the task would soon have found
+ * its own CPU free) and each wakeup dearer.
  *
  * What bounds it: only short-burst tasks preempt, so a hog loses at most a
  * short burst per wakeup; two short-burst tasks take turns no faster than
  * every wake_preempt_ns / 4; nobody preempts while the wakee's queue holds
  * as many tasks as there are CPUs (zernel_enqueue); batch tasks never
  * preempt; with tenants, a task preempts only tasks of its own share (between
- * shares the weights decide). A preempted task goes back to its queue, where the starvation bound
- * covers it. Returns the CPU, -1 if it does not qualify.
+ * shares the weights decide). A preempted task goes back to its queue, where
+ * the starvation bound covers it. wake_victim returns the CPU, -1 if none
+ * qualifies.
  */
-static s32 wake_victim(struct task_struct *p, u32 class, s32 tenant, u64 now)
+static bool victim_ok(struct task_struct *p, s32 cpu, u32 class, s32 tenant,
+		      u64 now)
 {
-	s32 cpu = scx_bpf_task_cpu(p);
 	struct cpu_ctx *cctx;
 	u32 zero = 0;
 
-	if (!bpf_cpumask_test_cpu(cpu, p->cpus_ptr))
-		return -1;
+	if (cpu < 0 || !bpf_cpumask_test_cpu(cpu, p->cpus_ptr))
+		return false;
 	cctx = bpf_map_lookup_percpu_elem(&cpu_ctxs, &zero, cpu);
 	if (!cctx || !cctx->started_at || cctx->class < class ||
 	    (nr_tenants && class != ZCLASS_LATENCY && cctx->tenant != tenant))
-		return -1;
+		return false;
 	if (!cctx->long_burst &&
 	    (s64)(now - cctx->started_at) < (s64)(wake_preempt_ns / 4))
-		return -1;
+		return false;
 	cctx->started_at = 0;
-	return cpu;
+	return true;
+}
+
+static s32 wake_victim(struct task_struct *p, u32 class, s32 tenant, u64 now)
+{
+	s32 here = bpf_get_smp_processor_id(), own = scx_bpf_task_cpu(p);
+
+	if (victim_ok(p, here, class, tenant, now))
+		return here;
+	if (own != here && victim_ok(p, own, class, tenant, now))
+		return own;
+	return -1;
 }
 
 /* The clock of @class in @share; NR_VCLOCKS if there is none. */
@@ -829,14 +871,15 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	}
 
 	/*
-	 * An idle CPU, the task's node first. It is not claimed, so that it
-	 * still counts as idle for node_saturated() until it has taken work.
-	 * None idle: a short-burst wakeup may cut a long-running task short,
+	 * An idle CPU, the task's node first, claimed (see claim_idle()):
+	 * from then on it no longer counts as idle for node_saturated()
+	 * either, so another node may steal the task first, which the kicked
+	 * CPU then finds gone. None idle: a short-burst wakeup may cut a long-running task short,
 	 * unless its queue already holds as many tasks as there are CPUs: an
 	 * overloaded queue is served in order (else the tasks cut short would
 	 * go to the back of it again and again).
 	 */
-	idle = md ? -1 : find_idle(p, node);
+	idle = md ? -1 : claim_idle(p, node);
 	if (idle < 0 && wake_preempt_ns && (enq_flags & SCX_ENQ_WAKEUP) &&
 	    class < ZCLASS_BATCH && tctx &&
 	    tctx->avg_burst_ns < wake_preempt_ns &&

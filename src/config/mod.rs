@@ -99,9 +99,10 @@ pub struct SchedulerConfig {
     pub starvation_bound_ms: u64,
     /// A thread that runs in short bursts (on average less than this between
     /// sleeps) and wakes when no CPU is idle, with fewer tasks queued in its
-    /// class than there are CPUs, takes its own CPU from a task of its class
-    /// or a lower one that runs in long bursts (a hog), or that has run for a
-    /// quarter of this (0 = never: a wakeup waits for a slice to end).
+    /// class than there are CPUs, takes its waker's CPU, else its own, from a
+    /// task of its class or a lower one that runs in long bursts (a hog), or
+    /// that has run for a quarter of this (0 = never: a wakeup waits for a
+    /// slice to end).
     pub wakeup_preempt_us: u64,
     /// Capacity of the per-thread decision map. When it is full, further
     /// threads keep the default class and `map_full` counts them.
