@@ -641,17 +641,23 @@ fn reader(a: &ReaderArgs) {
         let due = Instant::now() >= open_at && open_when.is_none_or(|w| w.exists());
         if let Some(path) = path.filter(|_| !opened && due) {
             opened = true;
-            let dev = File::open(path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
-            let mut fd = std::os::fd::IntoRawFd::into_raw_fd(dev);
-            if let Some(want) = want_fd.filter(|&w| w != fd) {
+            // With --fd, every lower descriptor is taken first (open gives the
+            // lowest free one), so that the device is opened straight at
+            // `want`: it is never seen at a lower one, even for an instant.
+            if let Some(want) = want_fd {
                 while let Ok(f) = File::open("/dev/null") {
                     if std::os::fd::AsRawFd::as_raw_fd(&f) >= want {
                         break;
                     }
                     held.push(f);
                 }
-                // SAFETY: dup2 onto a descriptor number this process owns or
-                // frees, then the original is closed: only fd `want` is left.
+            }
+            let dev = File::open(path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
+            let mut fd = std::os::fd::IntoRawFd::into_raw_fd(dev);
+            if let Some(want) = want_fd.filter(|&w| w != fd) {
+                // `want` was taken before this process began: move it there.
+                // SAFETY: dup2 onto a descriptor number this process owns,
+                // then the original is closed: only fd `want` is left.
                 unsafe {
                     assert_eq!(libc::dup2(fd, want), want, "dup2 to fd {want}");
                     libc::close(fd);
