@@ -114,8 +114,12 @@ fn stat_line(
     )
 }
 
-/// stat's (startstack, env_end) for `p`.
+/// stat's (startstack, env_end) for `p`; zeros for a `stack` of 0 (no
+/// address space: an exited leader).
 fn stack_fields(p: &FakeProc) -> (u64, u64) {
+    if p.stack == 0 {
+        return (0, 0);
+    }
     let env_len: usize = p.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
     (p.stack, p.stack + env_len as u64)
 }

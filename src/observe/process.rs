@@ -69,8 +69,9 @@ struct ProcStat {
     /// builds them anew (at new addresses under ASLR; the environment's
     /// end moves with its size in any case), so a change with the same
     /// start time is an exec, even of the same program with the same
-    /// arguments (a launcher re-executing itself with RANK set). Zeros
-    /// when the reader may not trace the process.
+    /// arguments (a launcher re-executing itself with RANK set). The
+    /// stack (and the environment) shows as 0 when there is no address
+    /// space or the reader may not trace the process.
     image: [u64; 4],
 }
 
@@ -397,8 +398,14 @@ impl ProcEntry {
         }
         self.view.nr_threads = st.num_threads;
         self.vsize = st.vsize;
-        let new_image = st.image != self.image;
-        self.image = st.image;
+        // No stack shown: no address space (a leader that exited while its
+        // threads run on, a process exiting), or one we may not see. No
+        // exec; what was read before stays.
+        let shown = st.image[1] != 0;
+        let new_image = shown && st.image != self.image;
+        if shown {
+            self.image = st.image;
+        }
         let renamed = *self.view.comm != *st.comm;
         if renamed {
             self.view.comm = Arc::from(st.comm.as_str());

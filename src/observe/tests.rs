@@ -733,6 +733,15 @@ fn a_program_re_executing_itself_with_a_new_environment_is_read_again() {
     assert_eq!(v.env.rank, Some(0));
     assert_eq!(thread_of(&s, 40).role, ThreadRole::Trainer);
     assert!(!poll(&mut o).process(40).unwrap().changes.contains(Changes::EXEC), "the exec is reported once");
+    // Its main thread exits while another runs on: stat shows no address
+    // space, which is no exec; the environment's evidence stays.
+    p.stack = 0;
+    write_proc(root, &p);
+    std::fs::write(root.join("40/environ"), "").unwrap();
+    let s = poll(&mut o);
+    let v = proc_of(&s, 40);
+    assert!(!v.changes.contains(Changes::EXEC), "{:?}", v.changes);
+    assert!(v.ml && v.evidence.contains(MlEvidence::ENV_RANK), "{}", v.evidence);
 }
 
 #[test]
