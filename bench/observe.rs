@@ -95,7 +95,7 @@ fn spawn(n: usize, ml: bool) -> Workload {
     if ml {
         cmd.arg("--ml");
     } else {
-        cmd.env_remove("RANK").env_remove("LOCAL_RANK").env_remove("WORLD_SIZE").env_remove("CUDA_VISIBLE_DEVICES");
+        common::without_ml_env(&mut cmd);
     }
     let mut child = cmd.stdout(Stdio::piped()).spawn().expect("starting zernel-workload");
     let mut line = String::new();

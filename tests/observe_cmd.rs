@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{spawn_shell_loop, spawn_train, Reaped, TempDir};
+use common::{spawn_sh, spawn_shell_loop, spawn_train, Reaped, TempDir};
 use scx_zernel::config::Config;
 use serde_json::Value;
 
@@ -201,17 +201,7 @@ fi
 while [ -e "$1" ]; do sleep 0.1; done"#;
     let go = dir.0.join("go");
     // spawn() returns once sh runs: it cannot re-execute before `go` exists.
-    let launcher = Reaped(
-        Command::new("sh")
-            .args(["-c", SCRIPT, SCRIPT])
-            .arg(&go)
-            .env_remove("RANK")
-            .env_remove("LOCAL_RANK")
-            .env_remove("WORLD_SIZE")
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .spawn()
-            .expect("starting sh"),
-    );
+    let launcher = spawn_sh(SCRIPT, &[SCRIPT.as_ref(), go.as_os_str()]);
     let pid = launcher.0.id() as i64;
 
     let mut obs = observe(&["--json", "--interval-ms", "100", "--count", "900"], &config, &stderr);

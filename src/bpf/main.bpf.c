@@ -695,8 +695,12 @@ static s32 find_victim(struct task_struct *p, u32 class)
  * the starvation bound covers it. wake_victim returns the CPU, -1 if none
  * qualifies.
  */
-static bool victim_ok(struct task_struct *p, s32 cpu, u32 class, s32 tenant,
-		      u64 now)
+/*
+ * May a short-burst wakeup of @class in @tenant cut @cpu's task short? If
+ * so, the CPU is claimed for it (started_at = 0).
+ */
+static bool claim_victim(struct task_struct *p, s32 cpu, u32 class, s32 tenant,
+			 u64 now)
 {
 	struct cpu_ctx *cctx;
 	u32 zero = 0;
@@ -718,9 +722,9 @@ static s32 wake_victim(struct task_struct *p, u32 class, s32 tenant, u64 now)
 {
 	s32 here = bpf_get_smp_processor_id(), own = scx_bpf_task_cpu(p);
 
-	if (victim_ok(p, here, class, tenant, now))
+	if (claim_victim(p, here, class, tenant, now))
 		return here;
-	if (own != here && victim_ok(p, own, class, tenant, now))
+	if (own != here && claim_victim(p, own, class, tenant, now))
 		return own;
 	return -1;
 }
@@ -874,10 +878,11 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	 * An idle CPU, the task's node first, claimed (see claim_idle()):
 	 * from then on it no longer counts as idle for node_saturated()
 	 * either, so another node may steal the task first, which the kicked
-	 * CPU then finds gone. None idle: a short-burst wakeup may cut a long-running task short,
-	 * unless its queue already holds as many tasks as there are CPUs: an
-	 * overloaded queue is served in order (else the tasks cut short would
-	 * go to the back of it again and again).
+	 * CPU then finds gone. None idle: a short-burst wakeup may cut a
+	 * long-running task short, unless its queue already holds as many
+	 * tasks as there are CPUs: an overloaded queue is served in order
+	 * (else the tasks cut short would go to the back of it again and
+	 * again).
 	 */
 	idle = md ? -1 : claim_idle(p, node);
 	if (idle < 0 && wake_preempt_ns && (enq_flags & SCX_ENQ_WAKEUP) &&

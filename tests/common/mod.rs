@@ -54,16 +54,18 @@ pub fn spawn_train(gpu_file: &Path, dir: &Path, secs: u32) -> Reaped {
     )
 }
 
+/// Removes the variables that are ML evidence (rank, GPU list) from `cmd`'s
+/// environment.
+pub fn without_ml_env(cmd: &mut Command) -> &mut Command {
+    cmd.env_remove("RANK").env_remove("LOCAL_RANK").env_remove("WORLD_SIZE").env_remove("CUDA_VISIBLE_DEVICES")
+}
+
+/// `sh -c SCRIPT ARGS...` with no ML evidence in its environment.
+pub fn spawn_sh(script: &str, args: &[&std::ffi::OsStr]) -> Reaped {
+    Reaped(without_ml_env(Command::new("sh").args(["-c", script]).args(args)).spawn().expect("starting sh"))
+}
+
 /// A plain shell busy loop with no ML evidence in its environment.
 pub fn spawn_shell_loop() -> Reaped {
-    Reaped(
-        Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .env_remove("RANK")
-            .env_remove("LOCAL_RANK")
-            .env_remove("WORLD_SIZE")
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .spawn()
-            .expect("starting sh"),
-    )
+    spawn_sh("while :; do :; done", &[])
 }
