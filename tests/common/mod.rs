@@ -54,10 +54,13 @@ pub fn spawn_train(gpu_file: &Path, dir: &Path, secs: u32) -> Reaped {
     )
 }
 
-/// Removes the variables that are ML evidence (rank, GPU list) from `cmd`'s
-/// environment.
+/// Removes the variables that are ML evidence by default (`observe.ml_env_vars`:
+/// rank, GPU list) from `cmd`'s environment.
 pub fn without_ml_env(cmd: &mut Command) -> &mut Command {
-    cmd.env_remove("RANK").env_remove("LOCAL_RANK").env_remove("WORLD_SIZE").env_remove("CUDA_VISIBLE_DEVICES")
+    for var in scx_zernel::config::ObserveConfig::default().ml_env_vars {
+        cmd.env_remove(var);
+    }
+    cmd
 }
 
 /// `sh -c SCRIPT ARGS...` with no ML evidence in its environment.
