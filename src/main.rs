@@ -58,9 +58,10 @@ struct Cli {
 
     /// Preset for scx_loader modes, on top of the config. auto = the config
     /// as is; lowlatency = half slices and a starvation bound of at most
-    /// 20 ms; gaming = the same with wakeup_preempt_us doubled (bursts of a
-    /// few ms still preempt); server = double slices; powersave = double
-    /// slices and no wakeup preemption (wakeup_preempt_us = 0).
+    /// 20 ms; gaming = the same with wakeup_preempt_us doubled (a thread
+    /// with bursts of a few ms, a frame, is cut short as a hog less often);
+    /// server = double slices; powersave = double slices and no wakeup
+    /// preemption (wakeup_preempt_us = 0).
     #[arg(long, value_enum, default_value_t = Mode::Auto)]
     mode: Mode,
 

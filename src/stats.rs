@@ -94,7 +94,7 @@ pub struct Metrics {
     pub direct: u64,
     #[stat(desc = "Wakeups that preempted a lower class (all classes)")]
     pub preempted: u64,
-    #[stat(desc = "Short-burst wakeups that took their CPU back from a hog or a long-running task (all classes)")]
+    #[stat(desc = "Wakeups that took a busy CPU from a hog or a task that had run long enough (all classes)")]
     pub wake_preempted: u64,
     #[stat(desc = "Dispatches forced by the starvation bound (all classes)")]
     pub starved: u64,

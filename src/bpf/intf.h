@@ -76,12 +76,12 @@ struct task_class {
 enum zernel_class_stat {
 	ZSTAT_ENQUEUED =
 		0, /* tasks queued in (or directly dispatched to) the class */
-	ZSTAT_DISPATCHED, /* tasks moved from the class queue to a CPU */
-	ZSTAT_DIRECT,	  /* tasks sent straight to an idle CPU, or kept by
+	ZSTAT_DISPATCHED,   /* tasks moved from the class queue to a CPU */
+	ZSTAT_DIRECT,	    /* tasks sent straight to an idle CPU, or kept by
 				   their CPU at a slice end with nothing else to run */
-	ZSTAT_PREEMPTED,  /* wakeups that preempted a lower class */
-	ZSTAT_STARVED,	  /* dispatches forced by the starvation bound */
-	ZSTAT_WAKE_PREEMPT, /* short-burst wakeups that took their CPU back (wake_victim) */
+	ZSTAT_PREEMPTED,    /* wakeups that preempted a lower class */
+	ZSTAT_STARVED,	    /* dispatches forced by the starvation bound */
+	ZSTAT_WAKE_PREEMPT, /* wakeups that took a busy CPU (wake_victim) */
 	ZSTAT_KEPT, /* slice ends where the task kept its CPU: it went before
 		     * the head of its queue, which was next (keep_prev) */
 	ZSTAT_CLASS_NR,

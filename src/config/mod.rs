@@ -97,12 +97,14 @@ pub struct SchedulerConfig {
     /// A queue whose oldest task has waited this long is served before any
     /// higher class: the bound on how long a lower class can be starved.
     pub starvation_bound_ms: u64,
-    /// A thread that runs in short bursts (on average less than this between
-    /// sleeps) and wakes when no CPU is idle, with fewer tasks queued in its
-    /// class than there are CPUs, takes its waker's CPU, else its own, from a
-    /// task of its class or a lower one that runs in long bursts (a hog), or
-    /// that has run for a quarter of this (0 = never: a wakeup waits for a
-    /// slice to end).
+    /// A thread that wakes when no CPU is idle, with fewer tasks queued in
+    /// its class than there are CPUs, takes its waker's CPU, else its own,
+    /// from a task of its class or a lower one that runs in long bursts (at
+    /// least this long between sleeps, on average or since it last woke: a
+    /// hog), or that has run for a quarter of this. A latency or ml thread
+    /// that is a hog itself takes only a lower class's CPU (a DataLoader
+    /// worker does not cut its trainer short). 0 = never: a wakeup waits
+    /// for a slice to end.
     pub wakeup_preempt_us: u64,
     /// Capacity of the per-thread decision map. When it is full, further
     /// threads keep the default class and `map_full` counts them.

@@ -31,7 +31,7 @@ pub(crate) fn stamp(path: &Path) -> Stamp {
 /// |------------|--------|------------------|----------------------------|
 /// | auto       | as is  | as is            | as is                      |
 /// | lowlatency | half   | at most 20 ms    | as is                      |
-/// | gaming     | half   | at most 20 ms    | doubled: bursts of a few ms (a frame) still preempt |
+/// | gaming     | half   | at most 20 ms    | doubled: a thread with bursts of a few ms (a frame) is cut short as a hog less often |
 /// | server     | double | as is            | as is                      |
 /// | powersave  | double | as is            | 0: no wakeup preemption, fewer switches and IPIs |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

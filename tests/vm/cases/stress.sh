@@ -1,5 +1,5 @@
 #!/bin/sh
-# vm: --smp 4 --mem 2G --timeout 300
+# vm: --smp 4 --mem 2G --timeout 420
 #
 # Survive the churn scx CI puts schedulers through: CPU hogs, fork storms and
 # affinity changes, spread over three classes, for 30 s. Afterwards the
@@ -7,7 +7,8 @@
 # SIGINT detaches it with exit 0. Then the starvation bound: with every CPU
 # taken by latency-class hogs, a batch-class hog still gets CPU time, served
 # by the bound. Then wakeup preemption: sleepers cut normal-class hogs short,
-# and do not when scheduler.wakeup_preempt_us = 0.
+# and do not when scheduler.wakeup_preempt_us = 0; threads that sleep between
+# 20 ms bursts (stress-ng --cpu-load) cut them short too.
 # shellcheck source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
@@ -95,7 +96,7 @@ wake_round() {
 }
 w_on=$(wake_round)
 echo "5 s of 2 ms sleepers beside 4 normal-class hogs: $w_on wakeups preempted a hog (wakeup_preempt_us = 1000)"
-assert_gt "short-burst wakeups preempted hogs of their class" "${w_on:-0}" 100
+assert_gt "wakeups of short-burst sleepers preempted hogs of their class" "${w_on:-0}" 100
 zernel_stop INT
 assert_eq "SIGINT: scx_zernel exits 0" "$ZRC" 0
 assert_eq "state is disabled after exit" "$(sched_state)" disabled
@@ -106,6 +107,30 @@ zernel_start /tmp/nowake.toml || finish
 w_off=$(wake_round)
 echo "the same with wakeup_preempt_us = 0: $w_off wakeups preempted a hog"
 assert_eq "wakeup_preempt_us = 0 reaches the kernel: no wakeup preempts" "$w_off" 0
+zernel_stop INT
+assert_eq "SIGINT: scx_zernel exits 0" "$ZRC" 0
+
+# ---- wakeup preemption by threads that run in long bursts -------------------------
+# stress-ng's cpu stressor at 50 % load in 20 ms slices runs 20 ms, then
+# sleeps about as long: bursts far above wakeup_preempt_us (1000), like
+# schbench's workers under emulation or a DataLoader worker between batches.
+# A rule puts its workers in the ml class (no preempt flag: a rule sets none),
+# so the ml class's wake_preempt counts their wakeups alone; normal-class hogs
+# fill every CPU. Their wakeups take a hog's CPU like any other.
+printf '[[rules]]\nname = "long-burst sleepers"\ncomm = "^stress-ng-cpu$"\nclass = "ml"\n' >/tmp/longwake.toml
+zernel_start /tmp/longwake.toml || finish
+zernel-workload hog --name zt_hog --threads 4 --secs 60 &
+h=$!
+stress-ng --cpu 2 --cpu-load 50 --cpu-load-slice 20 --timeout 60s >/dev/null 2>&1 &
+s=$!
+check "the rule put stress-ng's cpu workers in the ml class" wait_until 30 zholds stress-ng-cpu ml '*' '*'
+w0=$(zcounter ml wake_preempt)
+sleep 10
+w1=$(zcounter ml wake_preempt)
+kill "$h" "$s" 2>/dev/null; wait "$h" "$s" 2>/dev/null
+w_long=$((${w1:-0} - ${w0:-0}))
+echo "10 s of stress-ng --cpu 2 --cpu-load 50 --cpu-load-slice 20 beside 4 normal-class hogs: $w_long of its wakeups preempted a hog"
+assert_gt "wakeups of threads with 20 ms bursts preempted hogs too" "$w_long" 30
 zernel_stop INT
 assert_eq "SIGINT: scx_zernel exits 0" "$ZRC" 0
 finish
