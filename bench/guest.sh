@@ -122,20 +122,22 @@ up_cs() { tr -d . </proc/uptime | cut -d' ' -f1; }
 field() { tr ' ' '\n' <"$2" | sed -n "s/^$1=//p" | tail -n1; }
 # ticks_of PID : utime+stime of a whole process, in clock ticks (1/100 s).
 ticks_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13 }'; }
-# snap_ticks PGRP : "JOB HOGS UP" from one pass over /proc: the CPU ticks
-# (utime+stime) of process group PGRP ("-": none) and of the stress-ng
-# processes, and the uptime (cs) half-way through that pass (it reads the
-# clock before and after). Under TCG one pass takes 0.1-0.5 s: separate
+# snap_ticks PGRP : "JOB HOGS UP IDLE" from one pass over /proc: the CPU
+# ticks (utime+stime) of process group PGRP ("-": none) and of the stress-ng
+# processes, the uptime (cs) half-way through that pass (it reads the clock
+# before and after), and the ticks all vCPUs spent idle (/proc/stat's cpu
+# line: idle + iowait). Under TCG one pass takes 0.1-0.5 s: separate
 # passes, one per figure, put up to that much CPU time in one figure's
 # window and not in another's. cat, not awk on the glob: a process that
 # exits in between makes cat skip its file, where awk would stop.
 snap_ticks() {
-  cat /proc/uptime /proc/[0-9]*/stat /proc/uptime 2>/dev/null | awk -v g="$1" '
+  cat /proc/uptime /proc/stat /proc/[0-9]*/stat /proc/uptime 2>/dev/null | awk -v g="$1" '
     NF == 2 && $1 ~ /^[0-9]+\.[0-9]+$/ { split($1, c, "."); up[++n] = c[1] * 100 + c[2]; next }
+    $1 !~ /^[0-9]+$/ { if ($1 == "cpu") idle = $5 + $6; next }
     { s = $0; sub(/^.*\) /, "", s); split(s, f, " ")
       if (f[3] == g) j += f[12] + f[13]
       if (substr($2, 1, 10) == "(stress-ng") h += f[12] + f[13] }
-    END { print j + 0, h + 0, int((up[1] + up[n]) / 2) }'
+    END { print j + 0, h + 0, int((up[1] + up[n]) / 2), idle + 0 }'
 }
 
 # stop_bg PID : SIGINT a background job and reap it.
@@ -328,7 +330,7 @@ hogs_start() {
 hogs_stop() { stop_bg "$HP"; HP=""; }
 
 case_ml() {
-  local s="$1" r="$2" h0 h1 u0 u1 b0 b1 ml_cpu win dp e0 probe
+  local s="$1" r="$2" h0 h1 u0 u1 i0 i1 b0 b1 ml_cpu win dp e0 probe
   # Alone.
   train_run "$W/iso"
   result "$s" "$r" ml_iso_steps_per_sec "$(field steps_per_sec "$W/iso")"
@@ -342,7 +344,7 @@ case_ml() {
   # run: from just before it starts to just after it ends.
   hogs_start
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf0" && b0=$(ticks_of "$SPID")
-  read -r _ h0 u0 <<EOF
+  read -r _ h0 u0 i0 <<EOF
 $(snap_ticks -)
 EOF
   e0=$(date +%s)
@@ -360,7 +362,7 @@ EOF
   esac
   train_run "$W/con"
   [ -n "$dp" ] && wait "$dp"   # only that job: the hogs are a background job too
-  read -r _ h1 u1 <<EOF
+  read -r _ h1 u1 i1 <<EOF
 $(snap_ticks -)
 EOF
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf1" && b1=$(ticks_of "$SPID")
@@ -378,6 +380,7 @@ EOF
   probe=$(cat "$W/probe_ticks" 2>/dev/null || echo 0)
   [ -n "$dp" ] && result "$s" "$r" ml_con_probe_cpu_s "$(calc "$probe / 100")"
   result "$s" "$r" hogs_cpu "$(calc "($h1 - $h0) / 100 / $win")"
+  result "$s" "$r" ml_con_idle_cpu "$(calc "($i1 - $i0) / 100 / $win")"
   [ -n "$ml_cpu" ] && result "$s" "$r" hogs_share_of_idle \
     "$(calc "(($h1 - $h0) / 100) / ($NCPU * $win - $ml_cpu - $probe / 100)")"
   result "$s" "$r" hogs_bogo_ops_per_s \
@@ -450,17 +453,17 @@ torch_kill() {
 # steps; KIND iso or con. Steps/s on the job's clock, its CPU and the hogs'
 # from /proc (one pass at each end: snap_ticks).
 torch_train_window() {
-  local s=$1 r=$2 k=$3 n=$5 n0 t0 t1 j0 j1 h0 h1 u0 u1 win e0
+  local s=$1 r=$2 k=$3 n=$5 n0 t0 t1 j0 j1 h0 h1 u0 u1 i0 i1 win e0
   torch_steps
   torch_wait_steps $((TSTEPS + $4)) 900 || { echo "# [$s] torch: $4 warm-up steps not done in 900 s"; return 1; }
   torch_steps
   n0=$TSTEPS
   e0=$(date +%s)
-  read -r j0 h0 u0 <<EOF
+  read -r j0 h0 u0 i0 <<EOF
 $(snap_ticks "$TPG")
 EOF
   torch_wait_steps $((n0 + n)) 1800 || { echo "# [$s] torch: $n steps not done in 1800 s"; return 1; }
-  read -r j1 h1 u1 <<EOF
+  read -r j1 h1 u1 i1 <<EOF
 $(snap_ticks "$TPG")
 EOF
   echo "BENCHWIN sched=$s rep=$r case=torch_train_$k start=$e0 end=$(date +%s)"
@@ -470,6 +473,7 @@ EOF
   result "$s" "$r" "torch_train_${k}_cpu" "$(calc "($j1 - $j0) / 100 / $win")"
   if [ "$k" = con ]; then
     result "$s" "$r" torch_train_hogs_cpu "$(calc "($h1 - $h0) / 100 / $win")"
+    result "$s" "$r" torch_train_idle_cpu "$(calc "($i1 - $i0) / 100 / $win")"
     result "$s" "$r" torch_train_hogs_share_of_idle "$(calc "(($h1 - $h0) / 100) / ($NCPU * $win - ($j1 - $j0) / 100)")"
   fi
 }
@@ -477,14 +481,14 @@ EOF
 # torch_infer_window SCHED REP KIND : INFER_REQS requests, one after another.
 torch_infer_window() {
   local s=$1 r=$2 k=$3 h0 h1 u0 u1 e0 v
-  read -r _ h0 u0 <<EOF
+  read -r _ h0 u0 _ <<EOF
 $(snap_ticks -)
 EOF
   e0=$(date +%s)
   rm -f "$W/infer.json"
   "$TPY" tests/workloads/pytorch/client.py --socket "$W/lm.sock" --requests "$INFER_REQS" --tokens 8 --new 2 \
     --out "$W/infer.json" >"$W/client.out" 2>&1 || { echo "# [$s] client failed: $(tail -n1 "$W/client.out")"; return 1; }
-  read -r _ h1 u1 <<EOF
+  read -r _ h1 u1 _ <<EOF
 $(snap_ticks -)
 EOF
   echo "BENCHWIN sched=$s rep=$r case=torch_infer_$k start=$e0 end=$(date +%s)"

@@ -180,8 +180,13 @@ class Data:
             # the same /proc passes, over the same window).
             if self.vcpus:
                 job, hogs = self.get(s, "torch_train_con_cpu"), self.get(s, "torch_train_hogs_cpu")
+                idle = self.get(s, "torch_train_idle_cpu")
                 for rep in job.keys() & hogs.keys():
-                    self.put(s, "torch_train_other_cpu", rep, self.vcpus - job[rep] - hogs[rep])
+                    other = self.vcpus - job[rep] - hogs[rep]
+                    self.put(s, "torch_train_other_cpu", rep, other)
+                    # Split by /proc/stat's idle time over the same window.
+                    if rep in idle:
+                        self.put(s, "torch_train_other_busy_cpu", rep, other - idle[rep])
             r("torch_infer_p99_con_over_iso", s, "torch_infer_con_p99_ms", s, "torch_infer_iso_p99_ms")
             r("torch_infer_p50_con_over_iso", s, "torch_infer_con_p50_ms", s, "torch_infer_iso_p50_ms")
             r("torch_infer_rps_con_over_iso", s, "torch_infer_con_rps", s, "torch_infer_iso_rps")
@@ -914,6 +919,7 @@ def main():
             ("hogs_cpu", "hogs' CPU (vCPUs)"),
             ("hogs_cpu_over_eevdf", "hogs' CPU ÷ EEVDF's"),
             ("hogs_share_of_idle", "hogs' CPU ÷ CPU left idle by the ML job"),
+            ("ml_con_idle_cpu", "vCPUs idle, with hogs (/proc/stat: idle + iowait)"),
             ("ml_con_probe_cpu_s", "map probe's CPU (s), left out of the idle CPU"),
             ("hogs_bogo_ops_per_s", "hogs' bogo ops/s"),
             ("hogs_bogo_over_eevdf", "hogs' bogo ops/s ÷ EEVDF's"),
@@ -944,7 +950,8 @@ def main():
             "CPU the training left idle, read as in the sized pipeline above; the job's and the hogs' CPU "
             "times and the clock at each end of a window come from one pass over /proc. The vCPUs neither the "
             "training nor the hogs used are the rest of the guest (its kernel threads, the harness's waits and "
-            "/proc passes, a scheduler's own process); they weigh in the hogs' share of the idle CPU in "
+            "/proc passes, a scheduler's own process) and vCPUs left idle, told apart by /proc/stat's idle "
+            "and iowait time over the same window; they weigh in the hogs' share of the idle CPU in "
             "proportion to how little the training leaves idle.\n")
         md.append(
             f"Inference: `serve.py`, a small transformer language model with random weights serving on a "
@@ -967,6 +974,8 @@ def main():
             ("torch_train_hogs_share_of_idle", "hogs' CPU ÷ CPU left idle by the training"),
             ("torch_train_other_cpu", "vCPUs neither the training nor the hogs used (guest kernel, harness, "
              "scheduler process)"),
+            ("torch_train_idle_cpu", "of those, vCPUs idle (/proc/stat: idle + iowait)"),
+            ("torch_train_other_busy_cpu", "of those, vCPUs busy with other tasks (the rest)"),
             (None, "inference"),
             ("torch_infer_iso_rps", "requests/s, alone"),
             ("torch_infer_con_rps", "requests/s, with hogs"),

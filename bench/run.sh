@@ -55,7 +55,8 @@
 #      in the results; the benchmark goes on without it.
 #   3. schbench (no distribution packages it): the one on PATH, else built
 #      once from its upstream source at SCHBENCH_REV (cloned from the first
-#      of SCHBENCH_URLS that answers, `make`) and cached in
+#      that answers of $SCHBENCH_GIT (a clone or mirror of it, for a machine
+#      that cannot reach its hosts) and SCHBENCH_URLS; `make`) and cached in
 #      $BENCH_CACHE/schbench; if neither works the results say why and the
 #      latency case goes on without it. One stress-ng calibration on the
 #      host (see bench/report.py).
@@ -79,7 +80,8 @@
 # guest's checks all passed and results were rendered, 1 otherwise.
 #
 # Environment: BENCH_CACHE (see above), BENCH_PEER_BUILD_TIMEOUT (seconds per
-# peer build, default 1800), and vmrun.sh's own (VMRUN_*).
+# peer build, default 1800), SCHBENCH_GIT (see step 3), and vmrun.sh's own
+# (VMRUN_*).
 set -uo pipefail
 
 CALLER_PWD=$PWD
@@ -87,7 +89,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 2
 PEERS=(bpfland lavd cosmos)
 declare -A PEER_VERSION=([bpfland]=1.1.4 [lavd]=1.1.4 [cosmos]=1.1.7)
-SCHBENCH_URLS=(https://git.kernel.org/pub/scm/linux/kernel/git/mason/schbench.git
+SCHBENCH_URLS=(${SCHBENCH_GIT:+"$SCHBENCH_GIT"}
+               https://git.kernel.org/pub/scm/linux/kernel/git/mason/schbench.git
                https://github.com/masoncl/schbench.git)
 SCHBENCH_REV=24e32b8ef67cbafb0761aed68747d90a291767ae
 VENV=${VMRUN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/scx-zernel/venv}
@@ -260,7 +263,7 @@ build_schbench() {
     rm -rf "$root/src"
   done
   if [ ! -d "$root/src" ]; then
-    echo "its source could not be cloned from ${SCHBENCH_URLS[*]}: $(grep -m1 -E 'fatal|error' "$slog" | cut -c1-160)"
+    echo "its source could not be cloned from ${SCHBENCH_URLS[*]} (SCHBENCH_GIT=a local clone builds it): $(grep -m1 -E 'fatal|error' "$slog" | cut -c1-160)"
     return 1
   fi
   if ! git -C "$root/src" checkout -q "$SCHBENCH_REV" >>"$slog" 2>&1; then
