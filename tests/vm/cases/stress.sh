@@ -7,8 +7,9 @@
 # SIGINT detaches it with exit 0. Then the starvation bound: with every CPU
 # taken by latency-class hogs, a batch-class hog still gets CPU time, served
 # by the bound. Then wakeup preemption: sleepers cut normal-class hogs short,
-# and do not when scheduler.wakeup_preempt_us = 0; threads that sleep between
-# 20 ms bursts (stress-ng --cpu-load) cut them short too.
+# and do not when scheduler.wakeup_preempt_us = 0; ml threads that sleep
+# between 20 ms bursts (stress-ng --cpu-load) cut them short too, but not hogs
+# of their own class.
 # shellcheck source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
@@ -115,22 +116,41 @@ assert_eq "SIGINT: scx_zernel exits 0" "$ZRC" 0
 # sleeps about as long: bursts far above wakeup_preempt_us (1000), like
 # schbench's workers under emulation or a DataLoader worker between batches.
 # A rule puts its workers in the ml class (no preempt flag: a rule sets none),
-# so the ml class's wake_preempt counts their wakeups alone; normal-class hogs
-# fill every CPU. Their wakeups take a hog's CPU like any other.
-printf '[[rules]]\nname = "long-burst sleepers"\ncomm = "^stress-ng-cpu$"\nclass = "ml"\n' >/tmp/longwake.toml
-zernel_start /tmp/longwake.toml || finish
-zernel-workload hog --name zt_hog --threads 4 --secs 60 &
-h=$!
-stress-ng --cpu 2 --cpu-load 50 --cpu-load-slice 20 --timeout 60s >/dev/null 2>&1 &
-s=$!
-check "the rule put stress-ng's cpu workers in the ml class" wait_until 30 zholds stress-ng-cpu ml '*' '*'
-w0=$(zcounter ml wake_preempt)
-sleep 10
-w1=$(zcounter ml wake_preempt)
-kill "$h" "$s" 2>/dev/null; wait "$h" "$s" 2>/dev/null
-w_long=$((${w1:-0} - ${w0:-0}))
+# so the ml class's wake_preempt counts their wakeups alone; 4 hogs fill every
+# CPU. With normal-class hogs, their wakeups take a hog's CPU like any other.
+# With the hogs in the ml class too (a second rule), they do not: in the
+# latency and ml classes a wakee that is a hog itself cuts short only a lower
+# class (a DataLoader worker does not cut its own trainer short).
+# long_round HOGCLASS : 10 s of that load; sets W_DELTA to the ml class's
+# wake_preempt delta (in this shell: its checks count).
+long_round() {
+  local h s w0 w1 held="zholds stress-ng-cpu ml '*' '*'"
+  W_DELTA=""
+  printf '[[rules]]\nname = "long-burst sleepers"\ncomm = "^stress-ng-cpu$"\nclass = "ml"\n' >/tmp/longwake.toml
+  if [ "$1" = ml ]; then
+    printf '[[rules]]\nname = "ml hogs"\ncomm = "^zt_hog$"\nclass = "ml"\n' >>/tmp/longwake.toml
+    held="$held && zholds zt_hog ml '*' '*'"
+  fi
+  zernel_start /tmp/longwake.toml || return 1
+  zernel-workload hog --name zt_hog --threads 4 --secs 60 &
+  h=$!
+  stress-ng --cpu 2 --cpu-load 50 --cpu-load-slice 20 --timeout 60s >/dev/null 2>&1 &
+  s=$!
+  check "the rules put stress-ng's cpu workers in the ml class, the hogs in $1" wait_until 30 eval "$held"
+  w0=$(zcounter ml wake_preempt)
+  sleep 10
+  w1=$(zcounter ml wake_preempt)
+  kill "$h" "$s" 2>/dev/null; wait "$h" "$s" 2>/dev/null
+  zernel_stop INT
+  assert_eq "SIGINT: scx_zernel exits 0" "$ZRC" 0
+  W_DELTA=$((${w1:-0} - ${w0:-0}))
+}
+long_round normal
+w_long=$W_DELTA
 echo "10 s of stress-ng --cpu 2 --cpu-load 50 --cpu-load-slice 20 beside 4 normal-class hogs: $w_long of its wakeups preempted a hog"
-assert_gt "wakeups of threads with 20 ms bursts preempted hogs too" "$w_long" 30
-zernel_stop INT
-assert_eq "SIGINT: scx_zernel exits 0" "$ZRC" 0
+assert_gt "wakeups of threads with 20 ms bursts preempted hogs of a lower class" "$w_long" 30
+long_round ml
+w_same=$W_DELTA
+echo "the same beside 4 ml-class hogs: $w_same of its wakeups preempted a hog"
+check "an ml thread with 20 ms bursts did not cut short ml hogs (<= 10 of its wakeups)" [ "${w_same:-99}" -le 10 ]
 finish
