@@ -660,6 +660,17 @@ static s32 find_victim(struct task_struct *p, u32 class)
 }
 
 /*
+ * Does @tctx's task run in long bursts (a hog)? It has used wake_preempt_ns
+ * since it last woke, or does on average between sleeps. (A wakee's current
+ * burst is 0: it closed when the task slept.)
+ */
+static __always_inline bool runs_long(const struct task_ctx *tctx)
+{
+	return tctx->avg_burst_ns >= wake_preempt_ns ||
+	       tctx->burst_ns >= wake_preempt_ns;
+}
+
+/*
  * May a wakeup of @class in @tenant (@hog: its task runs in long bursts) cut
  * @cpu's task short? If so, the CPU is claimed for it (started_at = 0).
  */
@@ -722,19 +733,18 @@ static bool claim_victim(struct task_struct *p, s32 cpu, u32 class, s32 tenant,
  * sharing between sleepers and runners.
  *
  * What bounds it: a preemption needs a wakeup, and a preempted task goes back
- * to its queue without one, so it cannot take its CPU back in turn; a task
- * that is not a hog keeps its CPU for wake_preempt_ns / 4 at least; nobody
- * preempts while the wakee's queue holds as many tasks as there are CPUs
- * (zernel_enqueue); batch tasks never preempt; with tenants, a task preempts
- * only tasks of its own share (between shares the weights decide). A
- * preempted task goes back to its queue, where the starvation bound covers
- * it. Returns the CPU, -1 if none qualifies.
+ * to its queue without one (where the starvation bound covers it), so it
+ * cannot take its CPU back in turn; a task that is not a hog keeps its CPU
+ * for wake_preempt_ns / 4 at least; nobody preempts while the wakee's queue
+ * holds as many tasks as there are CPUs (zernel_enqueue); batch tasks never
+ * preempt; with tenants, a task preempts only tasks of its own share (between
+ * shares the weights decide). Returns the CPU, -1 if none qualifies.
  */
 static s32 wake_victim(struct task_struct *p, struct task_ctx *tctx, u32 class,
 		       s32 tenant, u64 now)
 {
 	s32 here = bpf_get_smp_processor_id(), own = scx_bpf_task_cpu(p);
-	bool hog = tctx->avg_burst_ns >= wake_preempt_ns;
+	bool hog = runs_long(tctx);
 
 	if (claim_victim(p, here, class, tenant, hog, now))
 		return here;
@@ -894,7 +904,8 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	 * either, so another node may steal the task first, which the kicked
 	 * CPU then finds gone. None idle: a wakeup may cut the task of its
 	 * waker's or its own CPU short (wake_victim), unless its queue
-	 * already holds as many tasks as there are CPUs: an overloaded queue is served in order
+	 * already holds as many tasks as there are CPUs: an overloaded queue
+	 * is served in order
 	 * (else the tasks cut short would go to the back of it again and
 	 * again).
 	 */
@@ -1199,9 +1210,7 @@ void BPF_STRUCT_OPS(zernel_running, struct task_struct *p)
 	if (cctx) {
 		cctx->class = tctx ? tctx->class : default_class;
 		cctx->tenant = tctx ? tctx->tenant : -1;
-		cctx->long_burst = tctx &&
-				   (tctx->avg_burst_ns >= wake_preempt_ns ||
-				    tctx->burst_ns >= wake_preempt_ns);
+		cctx->long_burst = tctx && runs_long(tctx);
 		cctx->started_at = now;
 	}
 	if (!tctx)
