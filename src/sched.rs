@@ -511,6 +511,7 @@ impl<'a> Scheduler<'a> {
         rodata.nr_nodes = nr_nodes as u32;
         rodata.numa_enabled = numa;
         rodata.nr_tenants = tenants.len() as u32;
+        rodata.daemon_tgid = std::process::id();
         for cpu in 0..nr_cpus {
             rodata.cpu_node[cpu] = topo.cpu_node(cpu).unwrap_or(0).min(nr_nodes - 1) as i32;
         }

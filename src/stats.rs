@@ -99,7 +99,7 @@ pub struct Metrics {
     #[stat(desc = "Dispatches forced by the starvation bound (all classes)")]
     pub starved: u64,
     #[stat(
-        desc = "Slice ends where the task kept its CPU: it went before the head of its own queue, which was next (all classes)"
+        desc = "Slice ends where the task kept its CPU: no higher class waited, and it went before its own queue's head or that queue was empty (all classes)"
     )]
     pub kept: u64,
     #[stat(desc = "Dispatches stolen from another NUMA node's queues")]

@@ -82,8 +82,9 @@ enum zernel_class_stat {
 	ZSTAT_PREEMPTED,    /* wakeups that preempted a lower class */
 	ZSTAT_STARVED,	    /* dispatches forced by the starvation bound */
 	ZSTAT_WAKE_PREEMPT, /* wakeups that took a busy CPU (wake_victim) */
-	ZSTAT_KEPT, /* slice ends where the task kept its CPU: it went before
-		     * the head of its queue, which was next (keep_prev) */
+	ZSTAT_KEPT, /* slice ends where the task kept its CPU: no higher class
+		     * waited, and it went before its queue's head or that
+		     * queue was empty (keep_prev) */
 	ZSTAT_CLASS_NR,
 };
 

@@ -54,8 +54,9 @@
  *                 weighted CPU time (vtime += runtime * UNIT / weight);
  *                 inside it, ml > normal > batch
  *                 (at 2 and 3, a task whose slice ended and that is
- *                 still runnable keeps the CPU if the pick comes from its
- *                 own queue and it goes before that queue's head)
+ *                 still runnable ranks as if it were queued: it keeps the
+ *                 CPU unless a higher class, a task ahead of it in its own
+ *                 queue, or a share with less vtime waits)
  *              4. other nodes' queues, same order, from nodes with no idle
  *                 CPU (steal: work-conserving, but a node's own idle CPUs
  *                 get its work first)
@@ -104,6 +105,8 @@ const volatile u32 nr_nodes = 1;
 const volatile bool numa_enabled;
 const volatile u32 nr_tenants; /* shares 0..nr_tenants-1; nr_tenants = default */
 const volatile s32 cpu_node[ZERNEL_MAX_CPUS];
+/* The daemon's process (0: none); see lookup_decision(). */
+const volatile u32 daemon_tgid;
 
 #define NSEC_PER_TICK (1000000000ULL / ZERNEL_USER_HZ)
 
@@ -369,12 +372,27 @@ static struct task_class *no_entry(struct task_struct *p, struct task_ctx *tctx)
 	return tc ? tc : gpu_mark(p, true);
 }
 
+/*
+ * The daemon's own threads: the latency class, with no entry. They run in
+ * short bursts between sleeps; in a lower class, a node whose CPUs ML jobs
+ * keep busy would serve them only at the starvation bound, and the passes
+ * that keep the decisions (and the heartbeat) current would fall behind.
+ */
+struct task_class daemon_dec = {
+	.class = ZCLASS_LATENCY,
+	.cpu = -1,
+	.node = -1,
+	.tenant = -1,
+};
+
 static struct task_class *lookup_decision(struct task_struct *p,
 					  struct task_ctx *tctx)
 {
 	struct task_class *tc;
 	u32 tid = p->pid;
 
+	if (daemon_tgid && p->tgid == daemon_tgid)
+		return &daemon_dec;
 	tc = bpf_map_lookup_elem(&task_class, &tid);
 	if (!tc) {
 		count_event(ZGSTAT_MAP_MISS);
@@ -1016,19 +1034,24 @@ static __always_inline bool older(u64 dsq, u64 bound, u64 now, u64 *oldest)
  * head in its own queue: with two nice-0 and two nice-10 hogs on two CPUs,
  * a CPU whose nice-0 hog's slice ends while the other runs finds only the
  * nice-10 ones queued, and nice 0 gets 2x the CPU of nice 10, not 9x. So
- * dispatch ranks it as if it were queued (rank_prev), and when the task it
- * would serve next comes from that same queue, the task keeps its CPU for
- * another slice (keep_prev) if it goes before that queue's head: its vtime,
- * this slice charged, is the lower. Nothing queued on its node at all: it
- * keeps its CPU too, unless a saturated node has work to steal (step 4
- * comes first: that work is waiting, the task at its slice end has run).
+ * dispatch ranks it as if it were queued (rank_prev) and it keeps its CPU
+ * for another slice (keep_prev) if it would be served next (prev_first):
+ * no higher class waits, and it goes before its own queue's head (its
+ * vtime, this slice charged, is the lower) or that queue is empty. Nothing
+ * queued on its node at all: it keeps its CPU too, unless a saturated node
+ * has work to steal (step 4 comes first: that work is waiting, the task at
+ * its slice end has run).
  *
- * Only against its own queue: when the next task comes from a lower class
- * or another share, that task is served as before, and the one whose slice
- * ended goes back to its queue, where the next CPU to dispatch finds it.
- * The starvation bound serves only a queue's head, so a class served by it
- * alone could leave a low-weight task behind a stream of others for longer
- * than the kernel's watchdog allows.
+ * A lower class never takes the CPU at a slice end. Before, a queue emptied
+ * by its own task's running looked like a class with nothing to run: an ML
+ * thread at the end of its slice gave its CPU to a queued CPU hog of the
+ * normal class and waited in its queue for that hog's slice to end, tick
+ * after tick (PyTorch inference beside 4 hogs on 2 vCPUs: its two threads
+ * waited 160 ms per 290 ms request). Lower classes get the CPU the higher
+ * ones leave, and the starvation bound (step 1), which comes first. That
+ * bound serves a queue's head, the least vtime: in a class it alone serves,
+ * a low-weight task waits until the others' vtime passes its own, several
+ * bounds, not one.
  */
 struct rank {
 	struct task_ctx *tctx;
@@ -1070,23 +1093,42 @@ static __always_inline bool before_head(u64 dsq, u64 vt)
 	return head && (s64)(vt - head->scx.dsq_vtime) < 0;
 }
 
+/* Would a task with vtime @vt be @dsq's head, were it queued there? */
+static __always_inline bool would_head(u64 dsq, u64 vt)
+{
+	return !scx_bpf_dsq_nr_queued(dsq) || before_head(dsq, vt);
+}
+
 /*
  * Does a task ranked @r keep its CPU, @sh being the share pick_share()
- * chose on @node (one with queued work)? Only if the next task would come
- * from its own class queue and it goes before that queue's head.
+ * chose on @node (one with queued work)? It ranks as if it were queued:
+ *
+ *   another share chosen ─> keep if its own share's vtime is the lower
+ *                           (then its share has nothing queued, or it
+ *                           would have been chosen: the task heads it)
+ *   its own share ─> no higher class queued, and it would head its own
+ *                    class queue (goes before the head, or that is empty)
+ *
+ * So a lower class never takes the CPU at a slice end: the starvation bound
+ * (step 1) serves it.
  */
 static bool prev_first(const struct rank *r, s32 sh, u32 node)
 {
+	u64 *mine, *chosen;
 	u32 c;
 
-	if (r->share != sh)
-		return false;
+	if (r->share != sh) {
+		mine = share_vt(r->share);
+		chosen = share_vt(sh);
+		return mine && chosen && (s64)(*mine - *chosen) < 0;
+	}
 	bpf_for(c, ZCLASS_ML, ZCLASS_NR) {
 		u64 dsq = share_dsq(sh, node, c);
 
-		if (!scx_bpf_dsq_nr_queued(dsq))
-			continue;
-		return c == r->class && before_head(dsq, r->vt);
+		if (c == r->class)
+			return would_head(dsq, r->vt);
+		if (scx_bpf_dsq_nr_queued(dsq))
+			return false;
 	}
 	return false;
 }
@@ -1161,7 +1203,7 @@ classes:
 
 	/* 2. This node's latency queue: above all shares. */
 	if (ranked && r.class == ZCLASS_LATENCY &&
-	    before_head(dsq_id(mynode, ZCLASS_LATENCY), r.vt) &&
+	    would_head(dsq_id(mynode, ZCLASS_LATENCY), r.vt) &&
 	    keep_prev(prev, &r, mynode))
 		return;
 	if (dispatch_from(dsq_id(mynode, ZCLASS_LATENCY), ZCLASS_LATENCY,

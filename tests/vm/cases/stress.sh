@@ -6,10 +6,12 @@
 # scheduler is still attached, the daemon alive, the kernel log clean, and
 # SIGINT detaches it with exit 0. Then the starvation bound: with every CPU
 # taken by latency-class hogs, a batch-class hog still gets CPU time, served
-# by the bound. Then wakeup preemption: sleepers cut normal-class hogs short,
-# and do not when scheduler.wakeup_preempt_us = 0; ml threads that sleep
-# between 20 ms bursts (stress-ng --cpu-load) cut them short too, but not hogs
-# of their own class.
+# by the bound. Then the class order at slice ends: with an ml-class hog on
+# every CPU, normal-class hogs get only what the bound serves them, and the
+# daemon (latency class) does not wait for it. Then wakeup preemption:
+# sleepers cut normal-class hogs short, and do not when
+# scheduler.wakeup_preempt_us = 0; ml threads that sleep between 20 ms bursts
+# (stress-ng --cpu-load) cut them short too, but not hogs of their own class.
 # shellcheck source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
@@ -34,6 +36,10 @@ class = "latency"
 [[rules]]
 comm = "^zt_low$"
 class = "batch"
+
+[[rules]]
+comm = "^zt_mlhog$"
+class = "ml"
 TOML
 
 zernel_start /tmp/stress.toml || finish
@@ -76,6 +82,41 @@ assert_gt "the batch hog got CPU time under latency-class saturation" $((l1 - l0
 assert_gt "the starvation bound served batch (starved counter grew)" "$starved1" "$starved0"
 assert_gt "the latency hogs kept most of the CPU" $((t1 - t0)) $(( (l1 - l0) * 4 ))
 kill "$top" "$low" 2>/dev/null; wait "$top" "$low" 2>/dev/null
+
+# ---- class order at slice ends ------------------------------------------------
+# One ml-class hog per CPU (a rule), and 4 normal-class hogs. When an ml hog's
+# slice ends, the other ml hogs run and the ml queue is empty: the task at its
+# slice end ranks as if it were queued, so it keeps its CPU, and the normal
+# hogs run only when the starvation bound serves them. The daemon's own
+# threads run in the latency class: beside them its passes do not wait for
+# the bound either (its run-queue wait per run, from /proc/PID/schedstat).
+zernel-workload hog --name zt_mlhog --threads 4 --secs 120 &
+mlh=$!
+zernel-workload hog --name zt_nhog --threads 4 --secs 120 &
+nh=$!
+wait_until 10 cls "$mlh" ml
+assert_eq "zt_mlhog holds class ml" "$(ztask "$mlh" class)" ml
+# dstat : run ns, run-queue wait ns and runs, summed over the daemon's threads
+# (/proc/PID/task/*/schedstat).
+dstat() { cat /proc/"$ZPID"/task/*/schedstat | awk '{ r += $1; w += $2; n += $3 } END { printf "%.0f %.0f %.0f\n", r, w, n }'; }
+m0=$(ticks "$mlh") n0=$(ticks "$nh") k0=$(zcounter ml kept) s0=$(zcounter normal starved)
+read -r dr0 dw0 dn0 <<STAT
+$(dstat)
+STAT
+sleep 5
+m1=$(ticks "$mlh") n1=$(ticks "$nh") k1=$(zcounter ml kept) s1=$(zcounter normal starved)
+read -r dr1 dw1 dn1 <<STAT
+$(dstat)
+STAT
+druns=$((dn1 - dn0))
+dwait=$(( (dw1 - dw0) / (druns > 0 ? druns : 1) / 1000 ))
+echo "5 s, 4 ml-class and 4 normal-class hogs on 4 CPUs: ml $((m1 - m0)) ticks, normal $((n1 - n0)) ticks; ml kept $k0 -> $k1; normal starved $s0 -> $s1; the daemon: $druns runs, $(( (dr1 - dr0) / 1000000 )) ms on a CPU, $dwait us waited per run"
+assert_gt "the ml hogs kept their CPUs at slice ends (ml ticks > 8x the normal hogs')" $((m1 - m0)) $(( (n1 - n0) * 8 ))
+assert_gt "ml slice ends kept the CPU (ml kept counter grew)" "$k1" "$k0"
+assert_gt "the starvation bound still served the normal hogs (> 5 ticks)" $((n1 - n0)) 5
+assert_gt "the daemon ran in those 5 s" "$druns" 0
+check "the daemon waited under 2 ms per run ($dwait us)" [ "$dwait" -lt 2000 ]
+kill "$mlh" "$nh" 2>/dev/null; wait "$mlh" "$nh" 2>/dev/null
 
 # ---- wakeup preemption --------------------------------------------------------
 # Normal-class hogs on every CPU and threads that wake every 2 ms and sleep
