@@ -129,9 +129,13 @@ ticks_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13
 # line: idle + iowait). Under TCG one pass takes 0.1-0.5 s: separate
 # passes, one per figure, put up to that much CPU time in one figure's
 # window and not in another's. cat, not awk on the glob: a process that
-# exits in between makes cat skip its file, where awk would stop.
+# exits in between makes cat skip its file, where awk would stop. cat runs
+# SCHED_FIFO (chrt), above EEVDF and every sched_ext scheduler alike: where
+# a scheduler serves the harness's class (normal) only at its starvation
+# bound, a pass in that class stretched over seconds, and a window's clock
+# no longer matched the CPU times it read (2.25 vCPUs of 2).
 snap_ticks() {
-  cat /proc/uptime /proc/stat /proc/[0-9]*/stat /proc/uptime 2>/dev/null | awk -v g="$1" '
+  chrt -f 1 cat /proc/uptime /proc/stat /proc/[0-9]*/stat /proc/uptime 2>/dev/null | awk -v g="$1" '
     NF == 2 && $1 ~ /^[0-9]+\.[0-9]+$/ { split($1, c, "."); up[++n] = c[1] * 100 + c[2]; next }
     $1 !~ /^[0-9]+$/ { if ($1 == "cpu") idle = $5 + $6; next }
     { s = $0; sub(/^.*\) /, "", s); split(s, f, " ")
