@@ -7,8 +7,9 @@
 # map and then runs >= 90% of its samples on node 1 while node 1 has an idle
 # CPU. With node 1 saturated by hogs pinned there, the thread still runs
 # (taken by node 0's CPUs) instead of waiting, also when node 0's CPUs are
-# busy with hogs of their own (taken at their slice ends). Its own affinity mask is
-# always respected, and pinned to node 0 it runs >= 90% as much as a thread
+# busy with hogs of their own (taken at their slice ends, while more GPU
+# threads than node 1 has CPUs wait there). Its own affinity mask is always
+# respected, and pinned to node 0 it runs >= 90% as much as a thread
 # with no preferred node pinned beside it, never waiting for the starvation
 # bound: it queues on a node it may run on, not on its GPU's, and keeps its
 # CPU at a slice end. How much a thread runs is judged by the
@@ -84,16 +85,22 @@ assert_ge "still runs with node 1 saturated (on a CPU >= 50% of its runnable tim
 assert_gt "it ran on node 0 CPUs (steals)" $(($2 - $1)) 0
 assert_gt "samples were taken" "$2" 0
 
-# Node 0 busy too, with one pinned hog per CPU and nothing queued there: a
-# node 0 CPU at its hog's slice end takes the GPU thread waiting on node 1
-# (step 4 of dispatch) instead of giving its hog another slice at once.
-# (Kept there, the hogs would hold node 0, and the thread would wait on
-# node 1 for a hog's slice end there: the ML class outranks the hogs, so it
-# runs most of the time either way.)
+# Node 0 busy too, with one pinned hog per CPU and nothing queued there, and
+# two more threads of a second process on GPU 0 (its class, node 1): three
+# such threads for node 1's two CPUs, so one of them waits in node 1's queue
+# (the pinned hogs, a lower class, never take a CPU from them at a slice
+# end). A node 0 CPU at its hog's slice end takes the one waiting (step 4
+# of dispatch) instead of giving its hog another slice at once. (Kept
+# there, the hogs would hold node 0, and the threads would take turns on
+# node 1.)
 taskset -c 0-1 zernel-workload hog --name node0_hog --secs 60 --threads 2 &
 hogs0=$!
+CUDA_VISIBLE_DEVICES=0 zernel-workload hog --name gpu_feeder2 --secs 60 --threads 2 &
+feeder2=$!
 node0_up() { [ "$(tids_by_comm node0_hog | wc -l)" -ge 2 ]; }
 wait_until 10 node0_up
+feeder2_node1() { [ "$(ztask "$(tids_by_comm gpu_feeder2 | tail -n 1)" node)" = 1 ]; }
+check "the second GPU process's threads hold node=1 in the kernel" wait_until 10 feeder2_node1
 sleep 1
 sl0=$(zglobal steal)
 s0=$(schedstat_of "$feeder" "$tid")
@@ -106,7 +113,7 @@ echo "both nodes busy: $1 of $2 samples on node 1; on a CPU $pct% of its runnabl
 assert_gt "both nodes busy: node 0 CPUs took it at their hogs' slice ends (steals moved: $sl0 -> $sl1)" "$sl1" "$sl0"
 assert_gt "both nodes busy: it ran on node 0 CPUs ($(($2 - $1)) of $2 samples)" $(($2 - $1)) 0
 assert_ge "both nodes busy: it still runs (on a CPU >= 50% of its runnable time, got $pct%)" "$pct" 50
-kill "$hogs0" 2>/dev/null; wait "$hogs0" 2>/dev/null
+kill "$hogs0" "$feeder2" 2>/dev/null; wait "$hogs0" "$feeder2" 2>/dev/null
 
 # Affinity: pinned to CPU 1 (node 0), it must never run on node 1, and it
 # must run (CPU time, not sampling rounds: a thread that never ran would
