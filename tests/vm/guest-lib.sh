@@ -303,6 +303,14 @@ other_tid() {
 # schedstat, fields 1 and 2): the kernel's own account, which a slow host
 # does not distort as a share of wall-clock time would.
 schedstat_of() { cut -d' ' -f1,2 "/proc/$1/task/$2/schedstat"; }
+
+# sched_sum PID... : "ns_on_cpu ns_waiting timeslices", summed over every
+# thread of each PID.
+sched_sum() {
+  local p
+  for p in "$@"; do cat /proc/"$p"/task/*/schedstat 2>/dev/null; done |
+    awk '{ r += $1; w += $2; n += $3 } END { printf "%.0f %.0f %.0f\n", r, w, n }'
+}
 # stat_of PID FIELD : field FIELD of /proc/PID/stat, numbered as in proc(5)
 # (3 = state, 19 = nice, 39 = processor, 41 = policy). PID may be PID/task/TID.
 stat_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f$(($2 - 2)); }

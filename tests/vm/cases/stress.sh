@@ -96,17 +96,14 @@ zernel-workload hog --name zt_nhog --threads 4 --secs 120 &
 nh=$!
 wait_until 10 cls "$mlh" ml
 assert_eq "zt_mlhog holds class ml" "$(ztask "$mlh" class)" ml
-# dstat : run ns, run-queue wait ns and runs, summed over the daemon's threads
-# (/proc/PID/task/*/schedstat).
-dstat() { cat /proc/"$ZPID"/task/*/schedstat | awk '{ r += $1; w += $2; n += $3 } END { printf "%.0f %.0f %.0f\n", r, w, n }'; }
 m0=$(ticks "$mlh") n0=$(ticks "$nh") k0=$(zcounter ml kept) s0=$(zcounter normal starved)
 read -r dr0 dw0 dn0 <<STAT
-$(dstat)
+$(sched_sum "$ZPID")
 STAT
 sleep 5
 m1=$(ticks "$mlh") n1=$(ticks "$nh") k1=$(zcounter ml kept) s1=$(zcounter normal starved)
 read -r dr1 dw1 dn1 <<STAT
-$(dstat)
+$(sched_sum "$ZPID")
 STAT
 druns=$((dn1 - dn0))
 dwait=$(( (dw1 - dw0) / (druns > 0 ? druns : 1) / 1000 ))

@@ -35,13 +35,6 @@ children() {
     /proc/[0-9]*/stat 2>/dev/null
 }
 nchildren() { [ "$(children "$1" | wc -l)" -ge "$2" ]; }
-# sched_sum PID... : "ns_on_cpu ns_waiting timeslices", summed over every
-# thread of each PID.
-sched_sum() {
-  local p
-  for p in "$@"; do cat /proc/"$p"/task/*/schedstat 2>/dev/null; done |
-    awk '{ r += $1; w += $2; n += $3 } END { printf "%.0f %.0f %.0f\n", r, w, n }'
-}
 # field N of "A B C" (1-based)
 field() { echo "$1" | cut -d' ' -f"$2"; }
 
