@@ -636,6 +636,13 @@ done
 # rough factor of how much slower a guest CPU-second is than a native one.
 stress-ng --temp-path "$W" --cpu "$NCPU" --cpu-method int64 --timeout "$((SHORT ? 2 : 5))s" --metrics-brief 2>&1 |
   awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print "BENCHMETA calib_guest_ops_per_cpu_s=" $10 }'
+# The daemon's own work (the cost case's), for its emulation factor: see
+# bench/observe-cpu.sh; bench/run.sh measures the same on the host.
+if has_case cost; then
+  if [ "$SHORT" = 1 ]; then v=$(bash "$(dirname "$0")/observe-cpu.sh" "$THREADS" 3 5)
+  else v=$(bash "$(dirname "$0")/observe-cpu.sh" "$THREADS" 10 20); fi
+  echo "BENCHMETA calib_guest_observe_cpu_pct=${v#observe_cpu_pct=} calib_guest_observe_threads=$THREADS"
+fi
 if has_case ml; then
   # The pipeline's sizes, in units of work an idle vCPU does per ms here:
   # decode 20 ms a batch, optimizer 10 ms, a kernel launch 0.1 ms.

@@ -59,14 +59,18 @@
 #      that cannot reach its hosts) and SCHBENCH_URLS; `make`) and cached in
 #      $BENCH_CACHE/schbench; if neither works the results say why and the
 #      latency case goes on without it. One stress-ng calibration on the
-#      host (see bench/report.py).
+#      host, and bench/observe-cpu.sh (the daemon's own work) with the cost
+#      case (see bench/report.py).
 #   4. One VM (tests/vm/vmrun.sh --host-root --smp N --mem 4G: the host's
 #      root, read-only, so that the guest runs the PyTorch venv that
 #      scripts/setup-deps.sh makes, passed as ZERNEL_PYTHON) running
 #      bench/guest.sh: every case under EEVDF, scx_zernel (default
 #      configuration, with GPU data, flat policy), scx_zernel @REV
 #      (--baseline) and the peers in turn.
-#   5. bench/report.py turns the guest's result lines into results.json,
+#   5. Full runs of the cost case: `cargo bench --bench observe --
+#      --cpu-only` on the host (the daemon's loop with 2,000 threads, the
+#      daemon-CPU target as stated), into OUT/host-observe.txt.
+#   6. bench/report.py turns the guest's result lines into results.json,
 #      README.md (tables: median and min-max per metric and scheduler,
 #      targets) and plot.png (matplotlib, installed once into
 #      $BENCH_CACHE/venv).
@@ -198,7 +202,7 @@ META=$OUT/host-meta.txt
 SCHEDS="eevdf zernel zernel_gpu zernel_flat"
 ADDS=("$ROOT/target/release/scx_zernel=/usr/local/bin/scx_zernel"
       "$ROOT/target/release/zernel-workload=/usr/local/bin/zernel-workload"
-      "$ROOT/tests/vm" "$ROOT/bench/guest.sh")
+      "$ROOT/tests/vm" "$ROOT/bench/guest.sh" "$ROOT/bench/observe-cpu.sh")
 if [ -n "$BASE_BIN" ]; then
   SCHEDS="$SCHEDS zernel_base"
   ADDS+=("$BASE_BIN=/usr/local/bin/scx_zernel_base")
@@ -302,6 +306,15 @@ if p=$(command -v hackbench); then ADDS+=("$p"); fi
 calib=$(stress-ng --cpu 1 --cpu-method int64 --timeout 5s --metrics-brief 2>&1 |
         awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print $10 }')
 echo "BENCHMETA calib_host_ops_per_cpu_s=${calib:-}" >>"$META"
+# The daemon's own work (the cost case's): bench/observe-cpu.sh, with the
+# guest's thread count and windows; bench/guest.sh runs the same in the VM.
+case ",$CASES," in
+  *,cost,*)
+    obs_args=(2000 10 20)
+    (( SHORT )) && obs_args=(300 3 5)
+    obs=$(PATH="$ROOT/target/release:$PATH" bash bench/observe-cpu.sh "${obs_args[@]}" | sed -n 's/^observe_cpu_pct=//p')
+    echo "BENCHMETA calib_host_observe_cpu_pct=${obs:-} calib_host_observe_threads=${obs_args[0]}" >>"$META" ;;
+esac
 echo "BENCHMETA host_cpus=$(nproc) host_kernel=$(uname -r) commit=$(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD -- src 2>/dev/null || echo +dirty)" >>"$META"
 
 # ---- 4. the VM -----------------------------------------------------------------------------
@@ -339,7 +352,21 @@ T_VM=$((SECONDS - t0))
 kill "$SAMPLER" 2>/dev/null; wait "$SAMPLER" 2>/dev/null
 log "VM finished: exit $VM_RC after $T_VM s"
 
-# ---- 5. the report ---------------------------------------------------------------------------
+# ---- 5. the daemon's loop on the host ---------------------------------------------------------
+# The daemon-CPU target as the issue states it: `cargo bench --bench observe
+# -- --cpu-only` (bench/observe.rs: the daemon's loop but the BPF map writes,
+# 2,000 threads, steady state; about 10 minutes), full runs of the cost case
+# only, into OUT/host-observe.txt for report.py.
+case ",$CASES," in
+  *,cost,*)
+    if (( ! SHORT )); then
+      log "the daemon's loop on the host: cargo bench --bench observe -- --cpu-only (about 10 minutes)"
+      cargo bench --bench observe -- --cpu-only >"$OUT/host-observe.txt" 2>"$LOGDIR/host-observe.log" ||
+        log "cargo bench failed (see $LOGDIR/host-observe.log): no host figures"
+    fi ;;
+esac
+
+# ---- 6. the report ---------------------------------------------------------------------------
 # matplotlib in a venv of our own, made once; without it the report has no plot.
 PY=python3
 VENV=$CACHE/venv

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# observe-cpu.sh - the daemon's own work, measured the same way on the host
+# (bench/run.sh) and in the guest (bench/guest.sh): the emulation factor of
+# the scheduler process's CPU figures (the cost case).
+#
+#   bench/observe-cpu.sh THREADS SETTLE_S WINDOW_S
+#
+# Starts a process with THREADS mostly idle ML threads (`zernel-workload
+# threads --ml`, the cost case's workload) and `scx_zernel observe` beside
+# it (the daemon's pipeline with nothing attached: /proc passes, rules,
+# phases, policy, at the daemon's 100 ms period), waits SETTLE_S seconds for
+# the threads to be found and classified, and prints the CPU time observe
+# used over the next WINDOW_S seconds (its schedstat run time) as a
+# percentage of one CPU:
+#   observe_cpu_pct=X
+# The work is the same on both sides (the same passes over the same
+# threads), so guest ÷ host is what emulation costs this kind of work:
+# mostly system calls reading /proc, which TCG slows far more than the
+# integer loop of the other calibration. Both binaries come from PATH. Exit
+# status 1, nothing on stdout, if either does not start.
+set -uo pipefail
+
+n=${1:?usage: observe-cpu.sh THREADS SETTLE_S WINDOW_S} settle=${2:?} window=${3:?}
+d=$(mktemp -d) || exit 1
+tp="" op=""
+cleanup() {
+  [ -n "$op" ] && kill "$op" 2>/dev/null
+  [ -n "$tp" ] && kill "$tp" 2>/dev/null
+  wait 2>/dev/null
+  rm -rf "$d"
+}
+trap cleanup EXIT
+run_ns() { local a; read -r a _ <"/proc/$1/schedstat" && echo "$a"; }
+
+zernel-workload threads --count "$n" --secs $((settle + window + 60)) --ml >"$d/threads.out" 2>&1 &
+tp=$!
+i=300 # 60 s to create the threads
+while ! grep -q ready "$d/threads.out" && kill -0 "$tp" 2>/dev/null && [ "$i" -gt 0 ]; do
+  sleep 0.2; i=$((i - 1))
+done
+grep -q ready "$d/threads.out" || { echo "observe-cpu: the threads workload did not start" >&2; exit 1; }
+: >"$d/empty.toml"
+# Shows its table once, at the start; runs its passes until killed.
+scx_zernel observe --config "$d/empty.toml" --interval-ms 3600000 >/dev/null 2>"$d/observe.err" &
+op=$!
+sleep "$settle"
+a=$(run_ns "$op") || { echo "observe-cpu: scx_zernel observe exited: $(head -n1 "$d/observe.err")" >&2; exit 1; }
+sleep "$window"
+b=$(run_ns "$op") || { echo "observe-cpu: scx_zernel observe exited: $(head -n1 "$d/observe.err")" >&2; exit 1; }
+awk -v a="$a" -v b="$b" -v w="$window" 'BEGIN { printf "observe_cpu_pct=%.3f\n", (b - a) / (w * 1e7) }'
