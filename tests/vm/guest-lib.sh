@@ -19,7 +19,7 @@
 #   check / assert_true DESC CMD... assert_eq DESC GOT WANT
 #   assert_ge DESC A B, assert_gt DESC A B (integers)
 #   wait_until SECS CMD...          poll CMD every 0.2 s (1 s from 300 s) until it succeeds
-#   zcounter CLASS STAT, zcounter_sum STAT, zglobal NAME, ztask TID FIELD
+#   zcounter CLASS STAT [SNAP], zcounter_sum STAT, zglobal NAME, ztask TID FIELD
 #                                   values from `scx_zernel inspect`
 #   zentries, zholds COMM CLASS SLICE PREEMPT
 #                                   the kernel's entries by thread name
@@ -36,7 +36,7 @@
 ZLOG=/tmp/zernel.log    # the daemon's stdout+stderr
 ZPID=""                 # the running daemon, set by zernel_start
 ZRC=""                  # its exit status, set by zernel_stop
-_zpass=0 _zfail=0 _zlog_shown=0
+_zpass=0 _zfail=0 _zlog_shown=0 _zfailed=""
 
 # Seconds since boot, with hundredths (the kernel log's clock).
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
@@ -57,7 +57,12 @@ echo "<6>$_zmark" >/dev/kmsg
 
 # ---- reporting -------------------------------------------------------------------
 _ok() { _zpass=$((_zpass + 1)); echo "ok - $1"; }
-_notok() { _zfail=$((_zfail + 1)); echo "not ok - $1${2:+ ($2)}"; }
+_notok() {
+  _zfail=$((_zfail + 1))
+  echo "not ok - $1${2:+ ($2)}"
+  _zfailed="$_zfailed
+not ok - $1${2:+ ($2)}"
+}
 
 # check DESC CMD... : passes when CMD exits 0 (CMD's own output is shown).
 check() {
@@ -164,9 +169,12 @@ zernel_stop() {
 }
 
 # ---- scx_zernel inspect ------------------------------------------------------------
-# zcounter CLASS STAT : e.g. `zcounter batch enqueued`; empty if unavailable.
+# zcounter CLASS STAT [SNAP] : e.g. `zcounter batch enqueued`; empty if
+# unavailable. With SNAP (the output of one `scx_zernel inspect`), read from it:
+# counters compared with each other are then read at one instant.
 zcounter() {
-  scx_zernel inspect 2>/dev/null | awk -v c="$1" -v s="$2" '$1 == "counter" && $2 == c && $3 == s { print $4 }'
+  if [ $# -ge 3 ]; then printf '%s\n' "$3"; else scx_zernel inspect 2>/dev/null; fi |
+    awk -v c="$1" -v s="$2" '$1 == "counter" && $2 == c && $3 == s { print $4 }'
 }
 # zcounter_sum STAT : STAT summed over the four classes; empty if any is missing.
 zcounter_sum() {
@@ -352,9 +360,10 @@ dmesg_new() {
 # own exit. Everything logged in that window happened while the scheduler was
 # under test, so a splat anywhere in the kernel counts. The offending lines are
 # printed.
+_ZTROUBLE='BUG|WARNING|Oops|stall|watchdog|lockup|hung task|sched_ext: .*(error|disabled \((runtime|scx_bpf|runnable))'
 dmesg_clean() {
   local bad
-  bad=$(dmesg_new | grep -E 'BUG|WARNING|Oops|stall|watchdog|lockup|hung task|sched_ext: .*(error|disabled \((runtime|scx_bpf|runnable))')
+  bad=$(dmesg_new | grep -E "$_ZTROUBLE")
   [ -z "$bad" ] && return 0
   echo "$bad"
   return 1
@@ -362,13 +371,15 @@ dmesg_clean() {
 
 # ---- the end -------------------------------------------------------------------------
 # finish : summary line; exit 1 if any check failed. On failure it also shows the
-# daemon's log and the kernel log since the case started.
+# daemon's log and the kernel log since the case started, then the failed
+# checks again, last, where a cut log still shows them.
 finish() {
   [ $((_zpass + _zfail)) -gt 0 ] || _notok "the case ran at least one check"
   if [ $_zfail -gt 0 ]; then
     if [ -s "$ZLOG" ] && [ $_zlog_shown = 0 ]; then echo "--- $ZLOG (last 40 lines)"; tail -n 40 "$ZLOG"; fi
     echo "--- kernel log since the case started (last 40 lines)"; dmesg_new | tail -n 40
-    echo "---"
+    echo "--- kernel log lines that are signs of trouble (first 20)"; dmesg_new | grep -E "$_ZTROUBLE" | head -n 20
+    echo "--- the failed checks$_zfailed"
   fi
   echo "$_zpass passed, $_zfail failed"
   [ $_zfail -eq 0 ] || exit 1

@@ -87,32 +87,41 @@ kill "$top" "$low" 2>/dev/null; wait "$top" "$low" 2>/dev/null
 # One ml-class hog per CPU (a rule), and 4 normal-class hogs. When an ml hog's
 # slice ends, the other ml hogs run and the ml queue is empty: the task at its
 # slice end ranks as if it were queued, so it keeps its CPU, and the normal
-# hogs run only when the starvation bound serves them. The daemon's own
-# threads run in the latency class: beside them its passes do not wait for
-# the bound either (its run-queue wait per run, from /proc/PID/schedstat).
+# hogs run only when the starvation bound serves them: their dispatches are
+# the bound's (normal dispatched - normal starved stays small; were slice ends
+# to hand the CPU down, most would come from the class order). The tick ratio
+# is printed, not judged: what the bound serves depends on how the host runs
+# the vCPUs. The daemon's own threads run in the latency class: beside them
+# its passes do not wait for the bound either (its run-queue wait per run,
+# from /proc/PID/schedstat).
 zernel-workload hog --name zt_mlhog --threads 4 --secs 120 &
 mlh=$!
 zernel-workload hog --name zt_nhog --threads 4 --secs 120 &
 nh=$!
 wait_until 10 cls "$mlh" ml
 assert_eq "zt_mlhog holds class ml" "$(ztask "$mlh" class)" ml
-m0=$(ticks "$mlh") n0=$(ticks "$nh") k0=$(zcounter ml kept) s0=$(zcounter normal starved)
+m0=$(ticks "$mlh") n0=$(ticks "$nh") snap=$(scx_zernel inspect)
+k0=$(zcounter ml kept "$snap") s0=$(zcounter normal starved "$snap") nd0=$(zcounter normal dispatched "$snap")
 read -r dr0 dw0 dn0 <<STAT
 $(sched_sum "$ZPID")
 STAT
 sleep 5
-m1=$(ticks "$mlh") n1=$(ticks "$nh") k1=$(zcounter ml kept) s1=$(zcounter normal starved)
+m1=$(ticks "$mlh") n1=$(ticks "$nh") snap=$(scx_zernel inspect)
+k1=$(zcounter ml kept "$snap") s1=$(zcounter normal starved "$snap") nd1=$(zcounter normal dispatched "$snap")
 read -r dr1 dw1 dn1 <<STAT
 $(sched_sum "$ZPID")
 STAT
 druns=$((dn1 - dn0))
 dwait=$(( (dw1 - dw0) / (druns > 0 ? druns : 1) / 1000 ))
-echo "5 s, 4 ml-class and 4 normal-class hogs on 4 CPUs: ml $((m1 - m0)) ticks, normal $((n1 - n0)) ticks; ml kept $k0 -> $k1; normal starved $s0 -> $s1; the daemon: $druns runs, $(( (dr1 - dr0) / 1000000 )) ms on a CPU, $dwait us waited per run"
-assert_gt "the ml hogs kept their CPUs at slice ends (ml ticks > 8x the normal hogs')" $((m1 - m0)) $(( (n1 - n0) * 8 ))
+echo "5 s, 4 ml-class and 4 normal-class hogs on 4 CPUs: ml $((m1 - m0)) ticks, normal $((n1 - n0)) ticks; ml kept $k0 -> $k1; normal starved $s0 -> $s1, dispatched $nd0 -> $nd1; the daemon: $druns runs, $(( (dr1 - dr0) / 1000000 )) ms on a CPU, $dwait us waited per run"
 assert_gt "ml slice ends kept the CPU (ml kept counter grew)" "$k1" "$k0"
-assert_gt "the starvation bound still served the normal hogs (> 5 ticks)" $((n1 - n0)) 5
+nstarved=$((s1 - s0)) norder=$((nd1 - nd0 - (s1 - s0)))
+echo "normal-class dispatches in those 5 s: $nstarved by the starvation bound, $norder by the class order; ticks ml : normal = $(( (m1 - m0) / ((n1 - n0) > 0 ? n1 - n0 : 1) )) : 1"
+assert_gt "the starvation bound served the normal hogs (> 5 ticks)" $((n1 - n0)) 5
+assert_gt "the starvation bound served them (starved counter grew)" "$nstarved" 0
+check "the normal hogs ran by the bound, not at ml slice ends (class-order dispatches $norder <= bound's $nstarved / 4)" [ $((norder * 4)) -le "$nstarved" ]
 assert_gt "the daemon ran in those 5 s" "$druns" 0
-check "the daemon waited under 2 ms per run ($dwait us)" [ "$dwait" -lt 2000 ]
+check "the daemon waited under 4 ms per run ($dwait us)" [ "$dwait" -lt 4000 ]
 kill "$mlh" "$nh" 2>/dev/null; wait "$mlh" "$nh" 2>/dev/null
 
 # ---- wakeup preemption --------------------------------------------------------
@@ -191,4 +200,5 @@ long_round ml
 w_same=$W_DELTA
 echo "the same beside 4 ml-class hogs: $w_same of its wakeups preempted a hog"
 check "an ml thread with 20 ms bursts did not cut short ml hogs (<= 10 of its wakeups)" [ "${w_same:-99}" -le 10 ]
+check "dmesg is clean at the end (four more attaches and detaches under load)" dmesg_clean
 finish
