@@ -3,16 +3,17 @@
 # (bench/run.sh) and in the guest (bench/guest.sh): the emulation factor of
 # the scheduler process's CPU figures (the cost case).
 #
-#   bench/observe-cpu.sh THREADS SETTLE_S WINDOW_S
+#   bench/observe-cpu.sh [--short]
 #
-# Starts a process with THREADS mostly idle ML threads (`zernel-workload
+# Starts a process with 2,000 mostly idle ML threads (`zernel-workload
 # threads --ml`, the cost case's workload) and `scx_zernel observe` beside
 # it (the daemon's pipeline with nothing attached: /proc passes, rules,
-# phases, policy, at the daemon's 100 ms period), waits SETTLE_S seconds for
-# the threads to be found and classified, and prints the CPU time observe
-# used over the next WINDOW_S seconds (its schedstat run time) as a
-# percentage of one CPU:
-#   observe_cpu_pct=X
+# phases, policy, at the daemon's 100 ms period), waits 10 s for the threads
+# to be found and classified, and prints the CPU time observe used over the
+# next 20 s (its schedstat run time) as a percentage of one CPU, and the
+# thread count:
+#   observe_cpu_pct=X threads=N
+# --short (the harness check): 300 threads, 3 s, 5 s.
 # The work is the same on both sides (the same passes over the same
 # threads), so guest ÷ host is what emulation costs this kind of work:
 # mostly system calls reading /proc, which TCG slows far more than the
@@ -20,7 +21,11 @@
 # status 1, nothing on stdout, if either does not start.
 set -uo pipefail
 
-n=${1:?usage: observe-cpu.sh THREADS SETTLE_S WINDOW_S} settle=${2:?} window=${3:?}
+case ${1:-} in
+  "") n=2000 settle=10 window=20 ;;
+  --short) n=300 settle=3 window=5 ;;
+  *) echo "usage: bench/observe-cpu.sh [--short]" >&2; exit 2 ;;
+esac
 d=$(mktemp -d) || exit 1
 tp="" op=""
 cleanup() {
@@ -47,4 +52,4 @@ sleep "$settle"
 a=$(run_ns "$op") || { echo "observe-cpu: scx_zernel observe exited: $(head -n1 "$d/observe.err")" >&2; exit 1; }
 sleep "$window"
 b=$(run_ns "$op") || { echo "observe-cpu: scx_zernel observe exited: $(head -n1 "$d/observe.err")" >&2; exit 1; }
-awk -v a="$a" -v b="$b" -v w="$window" 'BEGIN { printf "observe_cpu_pct=%.3f\n", (b - a) / (w * 1e7) }'
+awk -v a="$a" -v b="$b" -v w="$window" -v n="$n" 'BEGIN { printf "observe_cpu_pct=%.3f threads=%d\n", (b - a) / (w * 1e7), n }'

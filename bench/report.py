@@ -458,37 +458,36 @@ def targets(d, meta, cand, factors, short, threads, hobs):
             verdict_text = f"not measured: {rec['not_measured']}"
         else:
             verdict_text = verdict(ok, miss, short)
-        host_x = hobs.get(HOST_CPU_TARGET.get(metric, ""), None) if hobs and cand == "zernel" else None
-        if host_x is not None:
-            # The target as stated: the daemon's loop on the host (cargo
-            # bench), 2,000 threads. The guest's figure beside it.
-            text += " (on the host: `cargo bench --bench observe`)"
-            ok, miss = judge(kind, bound, host_x)
-            rec.update({"target": text, "measured": host_x, "met": ok, "miss": miss,
-                        "measured_on": "host, cargo bench --bench observe -- --cpu-only", "guest_measured": x})
-            guest = f"in the guest under TCG: {cell(summ)}{unit}" if summ else "not measured in the guest"
-            fac = factors.get("observe")
-            if summ and fac:
-                est = x / fac
-                rec["guest_native_estimate"] = est
-                guest += f" (÷ the daemon's own emulation factor {fac:.1f} ≈ {fmt(est)}{unit})"
-            rows.append(f"| {text} | ≤ {fmt(bound)}{unit} | {fmt(host_x)}{unit} | {verdict(ok, miss, short)}; "
-                        f"{guest} | – |")
-            records.append(rec)
-            continue
+        # An absolute CPU time measured under TCG, scaled by an emulation
+        # factor (a rough native estimate): the daemon's own for its CPU
+        # figures where both sides measured it, else the integer loop's.
+        est_text = ""
         if metric in CPU_TIME_METRICS and x is not None:
-            # An absolute CPU time measured under TCG: judged as measured, and
-            # again scaled by an emulation factor (a rough native estimate):
-            # the daemon's own for its CPU figures where both sides measured it.
-            verdict_text = "as measured under TCG: " + verdict_text
-            fac, how = factors.get("int64"), "rough native estimate"
+            fac, how = factors.get("int64"), "÷ the integer loop's emulation factor"
             if metric.startswith("sched_cpu_pct") and factors.get("observe"):
                 fac, how = factors["observe"], "÷ the daemon's own emulation factor"
             if fac:
                 est = x / fac
                 eok, emiss = judge(kind, bound, est)
                 rec.update({"native_estimate": est, "native_estimate_met": eok})
-                verdict_text += f"; {how} ≈ {fmt(est)}{unit}: {verdict(eok, emiss, short)}"
+                est_text = f"rough native estimate {fmt(est)}{unit} ({how} {fac:.1f}): {verdict(eok, emiss, short)}"
+        host_x = hobs.get(HOST_CPU_TARGET.get(metric, ""), None) if hobs and cand == "zernel" else None
+        if host_x is not None:
+            # The target as stated: the daemon's loop on the host (cargo
+            # bench), 2,000 threads. The guest's figure and its estimate beside it.
+            text += " (on the host: `cargo bench --bench observe`)"
+            ok, miss = judge(kind, bound, host_x)
+            rec.update({"target": text, "measured": host_x, "met": ok, "miss": miss,
+                        "measured_on": "host, cargo bench --bench observe -- --cpu-only", "guest_measured": x})
+            guest = f"in the guest under TCG: {cell(summ)}{unit}" if summ else "not measured in the guest"
+            if est_text:
+                guest += f"; {est_text}"
+            rows.append(f"| {text} | ≤ {fmt(bound)}{unit} | {fmt(host_x)}{unit} | {verdict(ok, miss, short)}; "
+                        f"{guest} | – |")
+            records.append(rec)
+            continue
+        if metric in CPU_TIME_METRICS and x is not None:
+            verdict_text = "as measured under TCG: " + verdict_text + (f"; {est_text}" if est_text else "")
         others = ", ".join(f"{label(s)} {fmt(d.median(s, metric))}"
                            for s in d.scheds if s != cand and d.summary(s, metric))
         rows.append(f"| {text} | {'≥' if kind == 'ge' else '≤'} {fmt(bound)}{unit} | "
@@ -846,7 +845,8 @@ def main():
         "order, ...) and every ratio pairs rep *k* with rep *k* of the same or the other scheduler.\n")
     if factor:
         md.append(
-            f"Emulation factor, for the CPU-time targets only: stress-ng's int64 CPU method does "
+            f"Emulation factor, for the CPU-time figures the daemon's own factor does not cover "
+            f"(the BPF ns per event; all of them when it was not measured): stress-ng's int64 CPU method does "
             f"{fmt(float(meta['calib_host_ops_per_cpu_s']))} bogo ops per CPU-second on one host core and "
             f"{fmt(float(meta['calib_guest_ops_per_cpu_s']))} per guest CPU-second with every vCPU busy: "
             f"a guest CPU-second is worth about 1/{factor:.1f} of a native one. Kernel BPF code and "

@@ -306,14 +306,15 @@ if p=$(command -v hackbench); then ADDS+=("$p"); fi
 calib=$(stress-ng --cpu 1 --cpu-method int64 --timeout 5s --metrics-brief 2>&1 |
         awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print $10 }')
 echo "BENCHMETA calib_host_ops_per_cpu_s=${calib:-}" >>"$META"
-# The daemon's own work (the cost case's): bench/observe-cpu.sh, with the
-# guest's thread count and windows; bench/guest.sh runs the same in the VM.
+# The daemon's own work (the cost case's): bench/observe-cpu.sh;
+# bench/guest.sh runs the same in the VM.
 case ",$CASES," in
   *,cost,*)
-    obs_args=(2000 10 20)
-    (( SHORT )) && obs_args=(300 3 5)
-    obs=$(PATH="$ROOT/target/release:$PATH" bash bench/observe-cpu.sh "${obs_args[@]}" | sed -n 's/^observe_cpu_pct=//p')
-    echo "BENCHMETA calib_host_observe_cpu_pct=${obs:-} calib_host_observe_threads=${obs_args[0]}" >>"$META" ;;
+    obs_flag=()
+    (( SHORT )) && obs_flag=(--short)
+    obs=$(PATH="$ROOT/target/release:$PATH" bash bench/observe-cpu.sh "${obs_flag[@]}")
+    pct=$(sed -n 's/^observe_cpu_pct=\([^ ]*\).*/\1/p' <<<"$obs") thr=$(sed -n 's/.* threads=//p' <<<"$obs")
+    echo "BENCHMETA calib_host_observe_cpu_pct=${pct:-} calib_host_observe_threads=${thr:-}" >>"$META" ;;
 esac
 echo "BENCHMETA host_cpus=$(nproc) host_kernel=$(uname -r) commit=$(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD -- src 2>/dev/null || echo +dirty)" >>"$META"
 
