@@ -19,7 +19,11 @@
 #      matches, as a shell a trainer spawns): the inherited decision ends
 #      decision_ttl_ms (3000 here) after the fork (`inherit_end` +1; seen
 #      2.5-9 s after it), and
-#      no lookup is served by it afterwards (`inherit_hit` stops)
+#      no lookup is served by it afterwards (`inherit_hit` stops). Its
+#      creator's rule also asks for this shell as the parent: the child
+#      matches no rule from its fork on, even before it renames itself (a
+#      daemon that read its name in between would give it an entry, which
+#      replaces the inherited decision for good, and nothing would end)
 # shellcheck disable=SC2317,SC2046 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
@@ -33,6 +37,11 @@ class = "batch"
 
 [[rules]]
 comm = "^zt_fr$"
+class = "batch"
+
+[[rules]]
+comm = "^zt_fd$"
+parent_comm = "^(sh|dash|bash)$"
 class = "batch"
 TOML
 zernel_start /tmp/fork.toml || finish
@@ -117,7 +126,7 @@ assert_gt "C: it was enqueued without a decision until then (enq_before_dec > 0)
 stop "$cc" "$pc"
 
 # ---- D. a child the daemon gives no entry ---------------------------------------
-spawn d zt_fp zt_fn
+spawn d zt_fd zt_fn
 pd=$P
 wait_until 30 held "$pd"
 set -- $(g); i0=$1 n0=$3
