@@ -639,10 +639,8 @@ stress-ng --temp-path "$W" --cpu "$NCPU" --cpu-method int64 --timeout "$((SHORT 
 # The daemon's own work (the cost case's), for its emulation factor: see
 # bench/observe-cpu.sh; bench/run.sh measures the same on the host.
 if has_case cost; then
-  if [ "$SHORT" = 1 ]; then v=$(bash "$(dirname "$0")/observe-cpu.sh" --short)
-  else v=$(bash "$(dirname "$0")/observe-cpu.sh"); fi
-  pct=$(echo "$v" | sed -n 's/^observe_cpu_pct=\([^ ]*\).*/\1/p') thr=$(echo "$v" | sed -n 's/.* threads=//p')
-  echo "BENCHMETA calib_guest_observe_cpu_pct=$pct calib_guest_observe_threads=$thr"
+  if [ "$SHORT" = 1 ]; then bash "$(dirname "$0")/observe-cpu.sh" --short guest
+  else bash "$(dirname "$0")/observe-cpu.sh" guest; fi
 fi
 if has_case ml; then
   # The pipeline's sizes, in units of work an idle vCPU does per ms here:

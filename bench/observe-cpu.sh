@@ -3,7 +3,7 @@
 # (bench/run.sh) and in the guest (bench/guest.sh): the emulation factor of
 # the scheduler process's CPU figures (the cost case).
 #
-#   bench/observe-cpu.sh [--short]
+#   bench/observe-cpu.sh [--short] host|guest
 #
 # Starts a process with 2,000 mostly idle ML threads (`zernel-workload
 # threads --ml`, the cost case's workload) and `scx_zernel observe` beside
@@ -11,8 +11,8 @@
 # phases, policy, at the daemon's 100 ms period), waits 10 s for the threads
 # to be found and classified, and prints the CPU time observe used over the
 # next 20 s (its schedstat run time) as a percentage of one CPU, and the
-# thread count:
-#   observe_cpu_pct=X threads=N
+# thread count, as the result line bench/report.py reads (SIDE: host|guest):
+#   BENCHMETA calib_SIDE_observe_cpu_pct=X calib_SIDE_observe_threads=N
 # --short (the harness check): 300 threads, 3 s, 5 s.
 # The work is the same on both sides (the same passes over the same
 # threads), so guest ÷ host is what emulation costs this kind of work:
@@ -21,11 +21,10 @@
 # status 1, nothing on stdout, if either does not start.
 set -uo pipefail
 
-case ${1:-} in
-  "") n=2000 settle=10 window=20 ;;
-  --short) n=300 settle=3 window=5 ;;
-  *) echo "usage: bench/observe-cpu.sh [--short]" >&2; exit 2 ;;
-esac
+usage() { echo "usage: bench/observe-cpu.sh [--short] host|guest" >&2; exit 2; }
+n=2000 settle=10 window=20
+if [ "${1:-}" = --short ]; then n=300 settle=3 window=5; shift; fi
+case ${1:-} in host | guest) side=$1 ;; *) usage ;; esac
 d=$(mktemp -d) || exit 1
 tp="" op=""
 cleanup() {
@@ -52,4 +51,5 @@ sleep "$settle"
 a=$(run_ns "$op") || { echo "observe-cpu: scx_zernel observe exited: $(head -n1 "$d/observe.err")" >&2; exit 1; }
 sleep "$window"
 b=$(run_ns "$op") || { echo "observe-cpu: scx_zernel observe exited: $(head -n1 "$d/observe.err")" >&2; exit 1; }
-awk -v a="$a" -v b="$b" -v w="$window" -v n="$n" 'BEGIN { printf "observe_cpu_pct=%.3f threads=%d\n", (b - a) / (w * 1e7), n }'
+awk -v a="$a" -v b="$b" -v w="$window" -v n="$n" -v s="$side" \
+  'BEGIN { printf "BENCHMETA calib_%s_observe_cpu_pct=%.3f calib_%s_observe_threads=%d\n", s, (b - a) / (w * 1e7), s, n }'

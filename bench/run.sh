@@ -312,9 +312,7 @@ case ",$CASES," in
   *,cost,*)
     obs_flag=()
     (( SHORT )) && obs_flag=(--short)
-    obs=$(PATH="$ROOT/target/release:$PATH" bash bench/observe-cpu.sh "${obs_flag[@]}")
-    pct=$(sed -n 's/^observe_cpu_pct=\([^ ]*\).*/\1/p' <<<"$obs") thr=$(sed -n 's/.* threads=//p' <<<"$obs")
-    echo "BENCHMETA calib_host_observe_cpu_pct=${pct:-} calib_host_observe_threads=${thr:-}" >>"$META" ;;
+    PATH="$ROOT/target/release:$PATH" bash bench/observe-cpu.sh "${obs_flag[@]}" host >>"$META" ;;
 esac
 echo "BENCHMETA host_cpus=$(nproc) host_kernel=$(uname -r) commit=$(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD -- src 2>/dev/null || echo +dirty)" >>"$META"
 

@@ -58,10 +58,11 @@ echo "<6>$_zmark" >/dev/kmsg
 # ---- reporting -------------------------------------------------------------------
 _ok() { _zpass=$((_zpass + 1)); echo "ok - $1"; }
 _notok() {
+  local line="not ok - $1${2:+ ($2)}"
   _zfail=$((_zfail + 1))
-  echo "not ok - $1${2:+ ($2)}"
+  echo "$line"
   _zfailed="$_zfailed
-not ok - $1${2:+ ($2)}"
+$line"
 }
 
 # check DESC CMD... : passes when CMD exits 0 (CMD's own output is shown).
@@ -377,8 +378,10 @@ finish() {
   [ $((_zpass + _zfail)) -gt 0 ] || _notok "the case ran at least one check"
   if [ $_zfail -gt 0 ]; then
     if [ -s "$ZLOG" ] && [ $_zlog_shown = 0 ]; then echo "--- $ZLOG (last 40 lines)"; tail -n 40 "$ZLOG"; fi
-    echo "--- kernel log since the case started (last 40 lines)"; dmesg_new | tail -n 40
-    echo "--- kernel log lines that are signs of trouble (first 20)"; dmesg_new | grep -E "$_ZTROUBLE" | head -n 20
+    local klog
+    klog=$(dmesg_new)
+    echo "--- kernel log since the case started (last 40 lines)"; printf '%s\n' "$klog" | tail -n 40
+    echo "--- kernel log lines that are signs of trouble (first 20)"; printf '%s\n' "$klog" | grep -E "$_ZTROUBLE" | head -n 20
     echo "--- the failed checks$_zfailed"
   fi
   echo "$_zpass passed, $_zfail failed"
