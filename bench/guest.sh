@@ -14,7 +14,10 @@
 # attached before its cases and detached after them; the kernel's sched_ext
 # state is checked both times.
 #
-# Schedulers: eevdf (no sched_ext scheduler); zernel (scx_zernel, default
+# Schedulers: eevdf (no sched_ext scheduler); rt (no sched_ext scheduler,
+# the pipeline's processes and threads at SCHED_FIFO priority 10 through
+# chrt: strict priority of the whole ML job over the hogs, the reference a
+# CPU scheduler's ordering is measured against; the ml case only); zernel (scx_zernel, default
 # configuration: no GPU data in this VM, the common case); zernel_gpu
 # (scx_zernel given the sized trainer's fake GPU through its file GPU
 # provider, standing in for NVML; the ml case only); zernel_flat (scx_zernel with a flat
@@ -156,14 +159,14 @@ sched_bin() {
   case $1 in zernel|zernel_gpu|zernel_flat) echo scx_zernel ;; *) echo "scx_$1" ;; esac
 }
 
-# sched_start NAME : attach scheduler NAME (eevdf: check nothing is attached).
+# sched_start NAME : attach scheduler NAME (eevdf, rt: check nothing is attached).
 # Waits <= 90 s for state `enabled` with an ops name starting with the
 # scheduler's ("zernel" for every scx_zernel configuration and zernel_base;
 # lavd's BPF program takes a while to verify under TCG).
 sched_start() {
   local n=450 t0 cfg
   assert_eq "[$1] sched_ext is disabled before" "$(sched_state)" disabled
-  [ "$1" = eevdf ] && return 0
+  case $1 in eevdf|rt) return 0 ;; esac
   t0=$(up_cs)
   case $1 in
     zernel|zernel_base) cfg=$W/zernel.toml ;;
@@ -307,10 +310,12 @@ zernel_classes() {
 
 # ---- case 1: the sized ML pipeline ----------------------------------------------------------
 # train_run OUT : the sized trainer, ML_STEPS steps; its last line goes to OUT.
-ML_ARGS=""
+# ML_CHRT: the command the trainer runs under (rt: chrt -f 10; its workers and
+# threads inherit the policy).
+ML_ARGS="" ML_CHRT=""
 train_run() {
-  # shellcheck disable=SC2086  # ML_ARGS is a list of words
-  zernel-workload train --gpu-file "$W/gpu.json" --steps "$ML_STEPS" --workers 2 \
+  # shellcheck disable=SC2086  # ML_ARGS and ML_CHRT are lists of words
+  $ML_CHRT zernel-workload train --gpu-file "$W/gpu.json" --steps "$ML_STEPS" --workers 2 \
     --data-dir "$W/data" $ML_ARGS >"$1.full" 2>&1
   grep '^zernel-workload train steps=' "$1.full" | tail -n1 >"$1"
   [ -s "$1" ] || { echo "# trainer output:"; cat "$1.full"; }
@@ -334,7 +339,9 @@ hogs_start() {
 hogs_stop() { stop_bg "$HP"; HP=""; }
 
 case_ml() {
-  local s="$1" r="$2" h0 h1 u0 u1 i0 i1 b0 b1 ml_cpu win dp e0 probe
+  local s="$1" r="$2" h0 h1 u0 u1 i0 i1 b0 b1 ml_cpu win dp e0 probe want
+  ML_CHRT=""
+  [ "$s" = rt ] && ML_CHRT="chrt -f 10"
   # Alone.
   train_run "$W/iso"
   result "$s" "$r" ml_iso_steps_per_sec "$(field steps_per_sec "$W/iso")"
@@ -347,10 +354,14 @@ case_ml() {
   # starts until it ends. The window of every measurement is the trainer's
   # run: from just before it starts to just after it ends.
   hogs_start
-  [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf0" && b0=$(ticks_of "$SPID")
+  # The scheduler process's ticks are read inside the window that the two
+  # /proc passes bound (each pass takes a while under TCG): its CPU over
+  # the window is never overstated.
+  [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf0"
   read -r _ h0 u0 i0 <<EOF
 $(snap_ticks -)
 EOF
+  [ -n "$SPID" ] && b0=$(ticks_of "$SPID")
   e0=$(date +%s)
   # Half-way through, which classes the ML threads have in scx_zernel's map.
   # Every build of scx_zernel alike: the dump forks processes, whose BPF time
@@ -366,12 +377,19 @@ EOF
   esac
   train_run "$W/con"
   [ -n "$dp" ] && wait "$dp"   # only that job: the hogs are a background job too
+  [ -n "$SPID" ] && b1=$(ticks_of "$SPID")
   read -r _ h1 u1 i1 <<EOF
 $(snap_ticks -)
 EOF
-  [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf1" && b1=$(ticks_of "$SPID")
+  [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf1"
   echo "BENCHWIN sched=$s rep=$r case=ml_con start=$e0 end=$(date +%s)"
   hogs_stop
+  # The policy the trainer and each of its workers ran at (its own report,
+  # read before they stop): SCHED_FIFO for the RT control, else the default.
+  want=other,other,other
+  [ "$s" = rt ] && want=fifo,fifo,fifo
+  assert_eq "[$s] the pipeline ran at policy ${want%%,*}, alone and with hogs" \
+    "$(field policies "$W/iso") $(field policies "$W/con")" "$want $want"
   win=$(calc "($u1 - $u0) / 100")
   ml_cpu=$(field cpu_secs "$W/con")
   result "$s" "$r" ml_con_steps_per_sec "$(field steps_per_sec "$W/con")"
@@ -457,7 +475,7 @@ torch_kill() {
 # steps; KIND iso or con. Steps/s on the job's clock, its CPU and the hogs'
 # from /proc (one pass at each end: snap_ticks).
 torch_train_window() {
-  local s=$1 r=$2 k=$3 n=$5 n0 t0 t1 j0 j1 h0 h1 u0 u1 i0 i1 win e0
+  local s=$1 r=$2 k=$3 n=$5 n0 t0 t1 j0 j1 h0 h1 u0 u1 i0 i1 win e0 b0="" b1=""
   torch_steps
   torch_wait_steps $((TSTEPS + $4)) 900 || { echo "# [$s] torch: $4 warm-up steps not done in 900 s"; return 1; }
   torch_steps
@@ -466,7 +484,9 @@ torch_train_window() {
   read -r j0 h0 u0 i0 <<EOF
 $(snap_ticks "$TPG")
 EOF
+  [ -n "$SPID" ] && b0=$(ticks_of "$SPID")   # inside the window (see case_ml)
   torch_wait_steps $((n0 + n)) 1800 || { echo "# [$s] torch: $n steps not done in 1800 s"; return 1; }
+  [ -n "$SPID" ] && b1=$(ticks_of "$SPID")
   read -r j1 h1 u1 i1 <<EOF
 $(snap_ticks "$TPG")
 EOF
@@ -479,6 +499,8 @@ EOF
     result "$s" "$r" torch_train_hogs_cpu "$(calc "($h1 - $h0) / 100 / $win")"
     result "$s" "$r" torch_train_idle_cpu "$(calc "($i1 - $i0) / 100 / $win")"
     result "$s" "$r" torch_train_hogs_share_of_idle "$(calc "(($h1 - $h0) / 100) / ($NCPU * $win - ($j1 - $j0) / 100)")"
+    # The scheduler's own process over the same window (vCPUs).
+    [ -n "$b1" ] && result "$s" "$r" torch_train_sched_cpu "$(calc "($b1 - $b0) / 100 / $win")"
   fi
 }
 
@@ -627,6 +649,7 @@ echo "BENCHMETA stress_ng=\"$(stress-ng --version 2>&1 | head -n1)\" cyclictest=
 for s in $SCHEDS; do
   case $s in
     eevdf) v="kernel $(uname -r)" ;;
+    rt) v="kernel $(uname -r), $(chrt --version 2>&1 | head -n1)" ;;
     *) v=$("$(sched_bin "$s")" --version 2>&1 | head -n1) ;;
   esac
   echo "BENCHMETA version.$s=\"$v\""
@@ -667,12 +690,14 @@ while [ "$r" -le "$REPS" ]; do
       for c in ml torch latency cost; do
         has_case $c || continue
         [ $c = cost ] && [ "$s" = eevdf ] && continue
+        # The RT control is the pipeline's reference only.
+        [ $c != ml ] && [ "$s" = rt ] && continue
         # GPU data changes nothing but for the pipeline, whose fake GPU it reports.
         [ $c != ml ] && [ "$s" = zernel_gpu ] && continue
         t=$(up_cs); "case_$c" "$s" "$r"
         echo "# [$s] $c: $(( ($(up_cs) - t) / 100 )) s"
       done
-      [ "$s" = eevdf ] || alive "$SPID" || _notok "[$s] still running after its cases"
+      [ -z "$SPID" ] || alive "$SPID" || _notok "[$s] still running after its cases"
     else
       echo "BENCHNOTE sched=$s rep $r: failed to attach, no results"
     fi

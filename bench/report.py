@@ -40,10 +40,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-SCHED_LABEL = {"eevdf": "EEVDF", "zernel": "scx_zernel", "zernel_gpu": "scx_zernel + GPU data",
+SCHED_LABEL = {"eevdf": "EEVDF", "rt": "EEVDF, ML job at SCHED_FIFO", "zernel": "scx_zernel", "zernel_gpu": "scx_zernel + GPU data",
                "zernel_flat": "scx_zernel, flat policy", "zernel_base": "scx_zernel @base",
                "bpfland": "scx_bpfland", "lavd": "scx_lavd", "cosmos": "scx_cosmos"}
-ORDER = ["eevdf", "zernel", "zernel_gpu", "zernel_flat", "zernel_base", "bpfland", "lavd", "cosmos"]
+ORDER = ["eevdf", "rt", "zernel", "zernel_gpu", "zernel_flat", "zernel_base", "bpfland", "lavd", "cosmos"]
 # The schedulers scx_zernel is measured against ("ahead of every peer"); the
 # other zernel_* are builds or configurations of scx_zernel itself.
 PEERS = ["eevdf", "bpfland", "lavd", "cosmos"]
@@ -232,11 +232,34 @@ class Data:
             for rep, x in insns.items():
                 self.put(s, "bpf_verified_insns_total", rep, x)
         self.ratio("bpf_ns_per_event_over_base", "zernel", "bpf_ns_per_event", "zernel_base", "bpf_ns_per_event")
+        # The sized pipeline's ratio over the RT control's, same rep.
+        for s in self.scheds:
+            self.ratio("ml_con_over_iso_over_rt", s, "ml_con_over_iso", "rt", "ml_con_over_iso")
         # The phase policy's gain: scx_zernel (and with GPU data) over its flat
         # policy, same rep, for the contended ML figures.
         for s in ("zernel", "zernel_gpu"):
             for out, m, _, _ in FLAT_GAIN:
                 self.ratio(out, s, m, "zernel_flat", m)
+
+    def native_share(self, factor):
+        """The hogs' share of the CPU an ML job left, with the scheduler
+        process's CPU in the window at its native estimate (÷ the daemon's
+        own emulation factor): what that process would not use natively
+        goes to the hogs, which are always runnable. Also that process's CPU
+        as a share of what the job left."""
+        for s in self.scheds:
+            for share, hogs, sched, scale in (
+                    ("hogs_share_of_idle", "hogs_cpu", "sched_cpu_pct_ml_load", 0.01),
+                    ("torch_train_hogs_share_of_idle", "torch_train_hogs_cpu", "torch_train_sched_cpu", 1.0)):
+                sh, h, sc = self.get(s, share), self.get(s, hogs), self.get(s, sched)
+                for rep in sh.keys() & h.keys() & sc.keys():
+                    if sh[rep] <= 0:
+                        continue
+                    left = h[rep] / sh[rep]   # the CPU the job left (vCPUs)
+                    self.put(s, f"{share}.sched", rep, sc[rep] * scale / left)
+                    if factor:
+                        self.put(s, f"{share}.native", rep,
+                                 (h[rep] + sc[rep] * scale * (1 - 1 / factor)) / left)
 
     def summary(self, sched, metric):
         vals = list(self.get(sched, metric).values())
@@ -488,6 +511,18 @@ def targets(d, meta, cand, factors, short, threads, hobs):
             continue
         if metric in CPU_TIME_METRICS and x is not None:
             verdict_text = "as measured under TCG: " + verdict_text + (f"; {est_text}" if est_text else "")
+        nat, sch = d.summary(cand, f"{metric}.native"), d.summary(cand, f"{metric}.sched")
+        if x is not None and nat and sch and factors.get("observe"):
+            # Judged as measured; beside it, the share with the scheduler
+            # process's CPU (TCG-inflated like its other CPU figures) at its
+            # native estimate.
+            eok, emiss = judge(kind, bound, nat["median"])
+            rec.update({"native_estimate": nat["median"], "native_estimate_met": eok,
+                        "sched_share_of_left": sch["median"]})
+            verdict_text += (f"; the scheduler's own process took {fmt(sch['median'])} of the CPU the job left; "
+                             f"with its CPU at the rough native estimate (÷ the daemon's own emulation factor "
+                             f"{factors['observe']:.1f}, the rest to the hogs): {fmt(nat['median'])}, "
+                             f"{verdict(eok, emiss, short)}")
         others = ", ".join(f"{label(s)} {fmt(d.median(s, metric))}"
                            for s in d.scheds if s != cand and d.summary(s, metric))
         rows.append(f"| {text} | {'≥' if kind == 'ge' else '≤'} {fmt(bound)}{unit} | "
@@ -528,9 +563,9 @@ def plot(d, path, meta):
     except ImportError:
         print("report: matplotlib not available: no plot", file=sys.stderr)
         return False
-    colors = {"eevdf": "#7f7f7f", "zernel": "#d62728", "zernel_gpu": "#8c1c13", "zernel_flat": "#f7b6d2",
+    colors = {"eevdf": "#7f7f7f", "rt": "#17becf", "zernel": "#d62728", "zernel_gpu": "#8c1c13", "zernel_flat": "#f7b6d2",
               "zernel_base": "#ff9896", "bpfland": "#1f77b4", "lavd": "#2ca02c", "cosmos": "#ff7f0e"}
-    short_label = {"eevdf": "EEVDF", "zernel": "zernel", "zernel_gpu": "zernel\n+GPU data",
+    short_label = {"eevdf": "EEVDF", "rt": "EEVDF\nML at FIFO", "zernel": "zernel", "zernel_gpu": "zernel\n+GPU data",
                    "zernel_flat": "zernel\nflat", "zernel_base": "zernel\n@base", "bpfland": "bpfland",
                    "lavd": "lavd", "cosmos": "cosmos"}
     hatches = ["", "///", "..."]
@@ -685,6 +720,7 @@ def main():
     except (KeyError, ValueError, ZeroDivisionError):
         obs_factor = None
     factors = {"int64": factor, "observe": obs_factor}
+    d.native_share(obs_factor)
     ho_path = Path(args.host_observe) if args.host_observe else out / "host-observe.txt"
     hobs = host_observe(ho_path) if ho_path.is_file() else None
     threads = meta.get("threads", "?")
@@ -813,6 +849,11 @@ def main():
     sched_text = {
         "eevdf": "the kernel's own scheduler (no sched_ext scheduler attached): the baseline of every "
                  "\"÷ EEVDF's\" ratio",
+        "rt": "no sched_ext scheduler, and the sized ML pipeline's processes and threads at SCHED_FIFO "
+              "priority 10 (`chrt -f 10`; its threads inherit it): strict priority of the whole job over "
+              "the hogs, which run only where it leaves a vCPU (and in the 5 % the kernel's RT throttling "
+              "keeps for them). The reference for the pipeline (its case only): what the job still loses to "
+              "the hogs here is what ordering alone does not win back in this emulator",
         "zernel": "scx_zernel in its default configuration. In this VM there is no GPU data: the common "
                   "case, and the one the targets are first of all about",
         "zernel_gpu": "scx_zernel given GPU data through its file GPU provider, which stands in for NVML "
@@ -834,7 +875,7 @@ def main():
         md.append(f"- not in this run: {'; '.join(label(s) for s in missing)}.")
     md.append("")
     md.append("\"Peers\" below are EEVDF, scx_bpfland, scx_lavd and scx_cosmos (not the builds and "
-              "configurations of scx_zernel).\n")
+              "configurations of scx_zernel, nor the RT control).\n")
     md.append(
         "**Read ratios, not absolute numbers.** Under TCG (qemu's CPU emulator; this machine has no KVM) "
         "the guest runs many times slower than hardware and its clock-driven parts (sleeps, timers) do "
@@ -968,7 +1009,12 @@ def main():
             "every scheduler should reach about the same steps/s (\"alone ÷ EEVDF alone\" near 1); with "
             f"{hogs} hogs, \"with hogs ÷ alone\" near 1 means the pipeline lost almost nothing to them. What "
             "the hogs pay for it shows in their rows: their CPU ÷ the CPU the ML job left idle should stay "
-            "near 1 (the ML job's gain comes out of the hogs' share, not out of idle vCPUs). The loader-wait "
+            "near 1 (the ML job's gain comes out of the hogs' share, not out of idle vCPUs). scx_zernel's own "
+            "process counts against that share; under TCG its /proc reading costs about the daemon's own "
+            "emulation factor more than natively, so the rows after the share give its part and the share "
+            "with that part at its rough native estimate. The RT control's ratio over itself alone is what "
+            "strict priority of the job keeps here; \"over the RT control's\" divides each scheduler's by it. "
+            "The loader-wait "
             "p99 is the trainer's wait for a batch; with few steps it is close to the slowest wait, often "
             "the first batch (decoded before anything is queued).\n")
         md.append(table(d, [
@@ -977,6 +1023,7 @@ def main():
             ("ml_iso_secs", f"wall time of the {steps} steps (s), alone"),
             ("ml_con_secs", f"wall time of the {steps} steps (s), with {hogs} hogs"),
             ("ml_con_over_iso", "with hogs ÷ alone (same scheduler)"),
+            ("ml_con_over_iso_over_rt", "with hogs ÷ alone, over the RT control's (same rep)"),
             ("ml_iso_over_eevdf_iso", "alone ÷ EEVDF alone"),
             ("ml_con_over_eevdf_con", "with hogs ÷ EEVDF with hogs"),
             ("ml_iso_gpu_busy_frac", "fake-GPU busy fraction, alone"),
@@ -989,6 +1036,8 @@ def main():
             ("hogs_cpu", "hogs' CPU (vCPUs)"),
             ("hogs_cpu_over_eevdf", "hogs' CPU ÷ EEVDF's"),
             ("hogs_share_of_idle", "hogs' CPU ÷ CPU left idle by the ML job"),
+            ("hogs_share_of_idle.sched", "of that CPU, the scheduler's own process took"),
+            ("hogs_share_of_idle.native", "hogs' share, the scheduler process's CPU at its rough native estimate"),
             ("ml_con_idle_cpu", "vCPUs idle, with hogs (/proc/stat: idle + iowait)"),
             ("ml_con_probe_cpu_s", "map probe's CPU (s), left out of the idle CPU"),
             ("hogs_bogo_ops_per_s", "hogs' bogo ops/s"),
@@ -1042,6 +1091,9 @@ def main():
             ("torch_train_hogs_cpu", "hogs' CPU (vCPUs)"),
             ("torch_train_hogs_cpu_over_eevdf", "hogs' CPU ÷ EEVDF's"),
             ("torch_train_hogs_share_of_idle", "hogs' CPU ÷ CPU left idle by the training"),
+            ("torch_train_hogs_share_of_idle.sched", "of that CPU, the scheduler's own process took"),
+            ("torch_train_hogs_share_of_idle.native",
+             "hogs' share, the scheduler process's CPU at its rough native estimate"),
             ("torch_train_other_cpu", "vCPUs neither the training nor the hogs used (guest kernel, harness, "
              "scheduler process)"),
             ("torch_train_idle_cpu", "of those, vCPUs idle (/proc/stat: idle + iowait)"),

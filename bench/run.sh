@@ -66,7 +66,8 @@
 #      scripts/setup-deps.sh makes, passed as ZERNEL_PYTHON) running
 #      bench/guest.sh: every case under EEVDF, scx_zernel (default
 #      configuration, with GPU data, flat policy), scx_zernel @REV
-#      (--baseline) and the peers in turn.
+#      (--baseline) and the peers in turn, and the sized pipeline under
+#      EEVDF at SCHED_FIFO (the RT control: strict priority over the hogs).
 #   5. Full runs of the cost case: `cargo bench --bench observe --
 #      --cpu-only` on the host (the daemon's loop with 2,000 threads, the
 #      daemon-CPU target as stated), into OUT/host-observe.txt.
@@ -200,6 +201,8 @@ T_BUILD=$((SECONDS - T_START))
 META=$OUT/host-meta.txt
 : >"$META"
 SCHEDS="eevdf zernel zernel_gpu zernel_flat"
+# The RT control (the pipeline at SCHED_FIFO under EEVDF) runs the ml case only.
+case ",$CASES," in *,ml,*) SCHEDS="eevdf rt zernel zernel_gpu zernel_flat" ;; esac
 ADDS=("$ROOT/target/release/scx_zernel=/usr/local/bin/scx_zernel"
       "$ROOT/target/release/zernel-workload=/usr/local/bin/zernel-workload"
       "$ROOT/tests/vm" "$ROOT/bench/guest.sh" "$ROOT/bench/observe-cpu.sh")

@@ -1029,6 +1029,21 @@ fn worker(fd: libc::c_int, files: &[PathBuf], decode: Decode, id: usize) -> ! {
     }
 }
 
+/// The scheduling policy of `pid` (0: this thread), as chrt names it.
+fn policy_of(pid: libc::pid_t) -> &'static str {
+    // SAFETY: sched_getscheduler reads a task's policy.
+    match unsafe { libc::sched_getscheduler(pid) } {
+        libc::SCHED_OTHER => "other",
+        libc::SCHED_FIFO => "fifo",
+        libc::SCHED_RR => "rr",
+        libc::SCHED_BATCH => "batch",
+        libc::SCHED_IDLE => "idle",
+        6 => "deadline",
+        7 => "ext",
+        _ => "unknown",
+    }
+}
+
 /// User + system CPU seconds of getrusage(`who`).
 fn cpu_secs(who: libc::c_int) -> f64 {
     // SAFETY: getrusage fills the struct we pass.
@@ -1189,6 +1204,8 @@ fn train(a: &TrainArgs) {
     for h in [gpu_thread, nccl_thread, watchdog] {
         let _ = h.join();
     }
+    // The trainer's policy, then each worker's (alive until reaped below).
+    let policies: Vec<&str> = std::iter::once(policy_of(0)).chain(children.iter().map(|&c| policy_of(c))).collect();
     // SAFETY: closing our read end and reaping our children.
     unsafe {
         libc::close(fds[0]);
@@ -1209,11 +1226,12 @@ fn train(a: &TrainArgs) {
     let busy = gpu.state.lock().unwrap().busy_total;
     let secs_f = elapsed.as_secs_f64();
     println!(
-        "zernel-workload train steps={steps} secs={secs_f:.2} steps_per_sec={:.3} loader_wait_p99_ms={:.1} gpu_busy_frac={:.3} workers={workers} cpu_secs={:.2}",
+        "zernel-workload train steps={steps} secs={secs_f:.2} steps_per_sec={:.3} loader_wait_p99_ms={:.1} gpu_busy_frac={:.3} workers={workers} cpu_secs={:.2} policies={}",
         steps as f64 / secs_f.max(1e-9),
         p99.as_secs_f64() * 1e3,
         busy.as_secs_f64() / secs_f.max(1e-9),
         cpu_secs(libc::RUSAGE_SELF) + cpu_secs(libc::RUSAGE_CHILDREN),
+        policies.join(","),
     );
 }
 
