@@ -224,6 +224,10 @@ class Data:
             # Cost.
             r("bpf_ns_over_bpfland", s, "bpf_ns_avg", "bpfland", "bpf_ns_avg")
             r("bpf_ns_per_event_over_bpfland", s, "bpf_ns_per_event", "bpfland", "bpf_ns_per_event")
+            # The vCPUs the scheduler's BPF programs took over the run.
+            ns, ev = self.get(s, "bpf_ns_per_event"), self.get(s, "bpf_events_per_s")
+            for rep in ns.keys() & ev.keys():
+                self.put(s, "bpf_cpu", rep, ns[rep] * ev[rep] / 1e9)
             insns = defaultdict(float)
             for (ss, m), vals in list(self.v.items()):
                 if ss == s and m.startswith("bpf_verified_insns."):
@@ -1186,6 +1190,7 @@ def main():
             ("bpf_ns_per_event_over_bpfland", "BPF ns per scheduling event ÷ scx_bpfland's (same rep)"),
             ("bpf_ns_per_event_struct_ops", "BPF ns per scheduling event, struct_ops programs only"),
             ("bpf_events_per_s", "scheduling events (enqueues) per second"),
+            ("bpf_cpu", "BPF time over the run (vCPUs: ns per event × events per second)"),
             ("bpf_ns_avg", "ns per BPF call, all struct_ops programs"),
             ("bpf_ns_over_bpfland", "ns per BPF call ÷ scx_bpfland's (same rep)"),
             ("sched_cpu_pct_ml_threads", "scheduler process CPU, % of a vCPU: ML threads"),
