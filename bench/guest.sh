@@ -311,11 +311,11 @@ zernel_classes() {
 # ---- case 1: the sized ML pipeline ----------------------------------------------------------
 # train_run OUT : the sized trainer, ML_STEPS steps; its last line goes to OUT.
 # ML_CHRT: the command the trainer runs under (rt: chrt -f 10; its workers and
-# threads inherit the policy).
-ML_ARGS="" ML_CHRT=""
+# threads inherit the policy). ML_WORKERS: its DataLoader worker processes.
+ML_ARGS="" ML_CHRT="" ML_WORKERS=2
 train_run() {
   # shellcheck disable=SC2086  # ML_ARGS and ML_CHRT are lists of words
-  $ML_CHRT zernel-workload train --gpu-file "$W/gpu.json" --steps "$ML_STEPS" --workers 2 \
+  $ML_CHRT zernel-workload train --gpu-file "$W/gpu.json" --steps "$ML_STEPS" --workers "$ML_WORKERS" \
     --data-dir "$W/data" $ML_ARGS >"$1.full" 2>&1
   grep '^zernel-workload train steps=' "$1.full" | tail -n1 >"$1"
   [ -s "$1" ] || { echo "# trainer output:"; cat "$1.full"; }
@@ -339,7 +339,7 @@ hogs_start() {
 hogs_stop() { stop_bg "$HP"; HP=""; }
 
 case_ml() {
-  local s="$1" r="$2" h0 h1 u0 u1 i0 i1 b0 b1 ml_cpu win dp e0 probe want
+  local s="$1" r="$2" h0 h1 u0 u1 i0 i1 b0 b1 ml_cpu win dp e0 probe want p i
   ML_CHRT=""
   [ "$s" = rt ] && ML_CHRT="chrt -f 10"
   # Alone.
@@ -386,8 +386,11 @@ EOF
   hogs_stop
   # The policy the trainer and each of its workers ran at (its own report,
   # read before they stop): SCHED_FIFO for the RT control, else the default.
-  want=other,other,other
-  [ "$s" = rt ] && want=fifo,fifo,fifo
+  p=other
+  [ "$s" = rt ] && p=fifo
+  want=$p
+  i=0
+  while [ "$i" -lt "$ML_WORKERS" ]; do want="$want,$p"; i=$((i + 1)); done
   assert_eq "[$s] the pipeline ran at policy ${want%%,*}, alone and with hogs" \
     "$(field policies "$W/iso") $(field policies "$W/con")" "$want $want"
   win=$(calc "($u1 - $u0) / 100")
@@ -671,7 +674,7 @@ if has_case ml; then
   upm=$(zernel-workload calibrate --ms 1000 | sed -n 's/.*units_per_ms=//p')
   upm=${upm:-50}
   ML_ARGS="--decode-units $(calc "int($upm * 20)") --optim-units $(calc "int($upm * 10)") --launch-units $(calc "int($upm * 0.1) + 1") --kernels 20"
-  echo "BENCHMETA ml_workers=2 ml_kernels=20 ml_decode_ms=20 ml_optim_ms=10 ml_launch_ms=0.1 units_per_ms=$upm"
+  echo "BENCHMETA ml_workers=$ML_WORKERS ml_kernels=20 ml_decode_ms=20 ml_optim_ms=10 ml_launch_ms=0.1 units_per_ms=$upm"
   # Warm-up: the data files are made once, outside any measurement.
   zernel-workload train --gpu-file "$W/gpu.json" --steps 2 --workers 1 --data-dir "$W/data" >/dev/null 2>&1
 fi
@@ -690,10 +693,9 @@ while [ "$r" -le "$REPS" ]; do
       for c in ml torch latency cost; do
         has_case $c || continue
         [ $c = cost ] && [ "$s" = eevdf ] && continue
-        # The RT control is the pipeline's reference only.
-        [ $c != ml ] && [ "$s" = rt ] && continue
-        # GPU data changes nothing but for the pipeline, whose fake GPU it reports.
-        [ $c != ml ] && [ "$s" = zernel_gpu ] && continue
+        # The pipeline's case only: GPU data changes nothing but for the
+        # pipeline, whose fake GPU it reports; the RT control is its reference.
+        case $s in zernel_gpu | rt) [ $c = ml ] || continue ;; esac
         t=$(up_cs); "case_$c" "$s" "$r"
         echo "# [$s] $c: $(( ($(up_cs) - t) / 100 )) s"
       done

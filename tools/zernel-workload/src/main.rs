@@ -1038,8 +1038,8 @@ fn policy_of(pid: libc::pid_t) -> &'static str {
         libc::SCHED_RR => "rr",
         libc::SCHED_BATCH => "batch",
         libc::SCHED_IDLE => "idle",
-        6 => "deadline",
-        7 => "ext",
+        libc::SCHED_DEADLINE => "deadline",
+        7 => "ext", // SCHED_EXT (include/uapi/linux/sched.h); libc has no name for it
         _ => "unknown",
     }
 }
