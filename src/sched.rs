@@ -186,6 +186,7 @@ pub(crate) const GLOBAL_STAT_NAMES: [&str; bpf_intf::zernel_global_stat_ZGSTAT_N
     "gpu_open",
     "gpu_hit",
     "event_lost",
+    "wake_afield",
 ];
 
 impl Counters {

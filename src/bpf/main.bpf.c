@@ -13,8 +13,9 @@
  *              └─ yes: head of that CPU's local queue, current task preempted
  *              └─ a wakeup, no idle CPU, a short queue, and its waker's
  *                 CPU (else its own) runs a hog of its class or lower (or
- *                 a task that ran long enough): head of that CPU's local
- *                 queue, the hog preempted (wake_victim)
+ *                 a task that ran long enough), or for an ML wakee a
+ *                 nearby CPU runs a lower class: head of that CPU's local
+ *                 queue, its task preempted (wake_victim)
  *              └─ else: dsq[node][class], in task vtime order (see
  *                      queue_vtime()); claim and kick an idle CPU, its
  *                      node first (see claim_idle())
@@ -109,6 +110,8 @@ const volatile s32 cpu_node[ZERNEL_MAX_CPUS];
 const volatile u32 daemon_tgid;
 
 #define NSEC_PER_TICK (1000000000ULL / ZERNEL_USER_HZ)
+/* How many CPUs an ML wakeup looks at for a lower class to cut short. */
+#define WAKE_AFIELD_CPUS 16
 
 /* Decisions from user space, keyed by TID. Resized by the daemon. */
 struct {
@@ -728,6 +731,8 @@ static bool claim_victim(struct task_struct *p, s32 cpu, u32 class, s32 tenant,
  *         a latency or ml hog), and a hog or ran >= wake_preempt_ns/4?
  *         └─ yes: head of its local queue, its task preempted; the CPU is
  *                 claimed (started_at = 0) until its next task starts
+ *         └─ no, a latency or ml wakee: the first of WAKE_AFIELD_CPUS CPUs
+ *                 from its own on that runs a lower class, as above
  *         └─ no:  the class queue, like any other task
  *
  * The waker's CPU first: a waker often sleeps right after its wakeup (a
@@ -735,9 +740,17 @@ static bool claim_victim(struct task_struct *p, s32 cpu, u32 class, s32 tenant,
  * so its CPU is the one about to be free. Taking the wakee's own CPU first
  * cut short a task that still had work there, while the waker's CPU went
  * idle: under schbench (one message thread, two workers, two vCPUs) that
- * cost 10 % of the requests/s. No CPU further afield: that made the tail
- * latency worse (an IPI to a busy CPU, where the task would soon have found
- * its own CPU free) and each wakeup dearer.
+ * cost 10 % of the requests/s. No CPU further afield for the normal class:
+ * that made schbench's tail latency worse (an IPI to a busy CPU, where the
+ * task would soon have found its own CPU free) and each wakeup dearer.
+ *
+ * A latency or ml wakee that may take neither looks further, at up to
+ * WAKE_AFIELD_CPUS CPUs from its own on, for one running a lower class that
+ * may be cut short (as the RT class pushes a woken task to a CPU running a
+ * lower one). A timer wakeup is handled on the wakee's own CPU: a trainer
+ * back from a GPU kernel, whose own CPU runs one of its DataLoader workers,
+ * otherwise waited in its queue while a CPU hog ran out its slice on another
+ * CPU (the sized pipeline beside 4 hogs on 2 vCPUs: 20 such waits a step).
  *
  * Whatever the wakee's own bursts, with one exception: when only tasks that
  * run in short bursts could preempt, schbench's workers (bursts of over 1 ms
@@ -763,11 +776,25 @@ static s32 wake_victim(struct task_struct *p, struct task_ctx *tctx, u32 class,
 {
 	s32 here = bpf_get_smp_processor_id(), own = scx_bpf_task_cpu(p);
 	bool hog = runs_long(tctx);
+	u32 i, n;
 
 	if (claim_victim(p, here, class, tenant, hog, now))
 		return here;
 	if (own != here && claim_victim(p, own, class, tenant, hog, now))
 		return own;
+	if (class >= ZCLASS_NORMAL)
+		return -1;
+	/* Further afield, a lower class only (as a hog: see above). */
+	n = nr_cpus < WAKE_AFIELD_CPUS ? nr_cpus : WAKE_AFIELD_CPUS;
+	bpf_for(i, 1, n) {
+		s32 cpu = (own + i) % nr_cpus;
+
+		if (cpu != here &&
+		    claim_victim(p, cpu, class, tenant, true, now)) {
+			count_event(ZGSTAT_WAKE_AFIELD);
+			return cpu;
+		}
+	}
 	return -1;
 }
 
