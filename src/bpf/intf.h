@@ -118,7 +118,7 @@ enum zernel_global_stat {
 	ZGSTAT_ENQ_BEFORE_DEC, /* ... their enqueues with none before it */
 	ZGSTAT_GPU_OPEN,       /* processes marked ML by a GPU device open */
 	ZGSTAT_GPU_HIT, /* lookups with no entry served by that mark (class ml) */
-	ZGSTAT_EVENT_LOST, /* events the ring buffer had no room for */
+	ZGSTAT_EVENT_LOST,  /* events the ring buffer had no room for */
 	ZGSTAT_WAKE_AFIELD, /* ML wakeups that took a lower class's CPU other
 			     * than their waker's and their own (wake_victim) */
 	ZGSTAT_NR,

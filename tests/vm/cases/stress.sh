@@ -11,7 +11,8 @@
 # daemon (latency class) does not wait for it. Then wakeup preemption:
 # sleepers cut normal-class hogs short, and do not when
 # scheduler.wakeup_preempt_us = 0; ml threads that sleep between 20 ms bursts
-# (stress-ng --cpu-load) cut them short too, but not hogs of their own class.
+# (stress-ng --cpu-load) cut them short too, but not hogs of their own class;
+# beside one of those they take a normal hog's CPU further afield.
 # shellcheck source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
@@ -168,29 +169,39 @@ assert_eq "SIGINT: scx_zernel exits 0" "$ZRC" 0
 # With the hogs in the ml class too (a second rule), they do not: in the
 # latency and ml classes a wakee that is a hog itself cuts short only a lower
 # class (a DataLoader worker does not cut its own trainer short).
-# long_round HOGCLASS : 10 s of that load; sets W_DELTA to the ml class's
-# wake_preempt delta (in this shell: its checks count).
+# split: CPUs 0-1 run 2 ml-class hogs, CPUs 2-3 2 normal-class ones (taskset).
+# A worker that last ran on CPU 0 or 1 (where its class's queue order put it)
+# wakes there beside an ml hog it may not cut short: it takes a normal hog's
+# CPU further afield (wake_afield) instead of waiting in its queue.
+# long_round HOGCLASS|split : 10 s of that load; sets W_DELTA to the ml
+# class's wake_preempt delta and A_DELTA to wake_afield's (in this shell:
+# their checks count).
 long_round() {
-  local h s w0 w1 held="zholds stress-ng-cpu ml '*' '*'"
-  W_DELTA=""
+  local h h2="" s w0 w1 a0 a1 held="zholds stress-ng-cpu ml '*' '*'"
+  W_DELTA="" A_DELTA=""
   printf '[[rules]]\nname = "long-burst sleepers"\ncomm = "^stress-ng-cpu$"\nclass = "ml"\n' >/tmp/longwake.toml
-  if [ "$1" = ml ]; then
-    printf '[[rules]]\nname = "ml hogs"\ncomm = "^zt_hog$"\nclass = "ml"\n' >>/tmp/longwake.toml
-    held="$held && zholds zt_hog ml '*' '*'"
+  if [ "$1" != normal ]; then
+    printf '[[rules]]\nname = "ml hogs"\ncomm = "^zt_mlhog$"\nclass = "ml"\n' >>/tmp/longwake.toml
+    held="$held && zholds zt_mlhog ml '*' '*'"
   fi
   zernel_start /tmp/longwake.toml || return 1
-  zernel-workload hog --name zt_hog --threads 4 --secs 60 &
-  h=$!
+  case $1 in
+    normal) zernel-workload hog --name zt_hog --threads 4 --secs 60 & h=$! ;;
+    ml) zernel-workload hog --name zt_mlhog --threads 4 --secs 60 & h=$! ;;
+    split)
+      taskset -c 0,1 zernel-workload hog --name zt_mlhog --threads 2 --secs 60 & h=$!
+      taskset -c 2,3 zernel-workload hog --name zt_hog --threads 2 --secs 60 & h2=$! ;;
+  esac
   stress-ng --cpu 2 --cpu-load 50 --cpu-load-slice 20 --timeout 60s >/dev/null 2>&1 &
   s=$!
-  check "the rules put stress-ng's cpu workers in the ml class, the hogs in $1" wait_until 30 eval "$held"
-  w0=$(zcounter ml wake_preempt)
+  check "the rules put stress-ng's cpu workers in the ml class ($1 hogs)" wait_until 30 eval "$held"
+  w0=$(zcounter ml wake_preempt) a0=$(zglobal wake_afield)
   sleep 10
-  w1=$(zcounter ml wake_preempt)
-  kill "$h" "$s" 2>/dev/null; wait "$h" "$s" 2>/dev/null
+  w1=$(zcounter ml wake_preempt) a1=$(zglobal wake_afield)
+  kill "$h" $h2 "$s" 2>/dev/null; wait "$h" $h2 "$s" 2>/dev/null
   zernel_stop INT
   assert_eq "SIGINT: scx_zernel exits 0" "$ZRC" 0
-  W_DELTA=$((${w1:-0} - ${w0:-0}))
+  W_DELTA=$((${w1:-0} - ${w0:-0})) A_DELTA=$((${a1:-0} - ${a0:-0}))
 }
 long_round normal
 w_long=$W_DELTA
@@ -200,5 +211,8 @@ long_round ml
 w_same=$W_DELTA
 echo "the same beside 4 ml-class hogs: $w_same of its wakeups preempted a hog"
 check "an ml thread with 20 ms bursts did not cut short ml hogs (<= 10 of its wakeups)" [ "${w_same:-99}" -le 10 ]
-check "dmesg is clean at the end (four more attaches and detaches under load)" dmesg_clean
+long_round split
+echo "the same beside 2 ml hogs on CPUs 0-1 and 2 normal ones on CPUs 2-3: $W_DELTA of its wakeups preempted a hog, $A_DELTA of them further afield than their own CPU"
+assert_gt "ml wakeups beside an ml hog took a normal hog's CPU further afield" "$A_DELTA" 10
+check "dmesg is clean at the end (five more attaches and detaches under load)" dmesg_clean
 finish
