@@ -104,7 +104,7 @@ pub struct SchedulerConfig {
     /// hog), or that has run for a quarter of this. A latency or ml thread
     /// that is a hog itself takes only a lower class's CPU (a DataLoader
     /// worker does not cut its trainer short). A latency or ml thread that
-    /// may take neither CPU takes one of the next 16 that runs a lower
+    /// may take neither CPU takes one of the next 15 that runs a lower
     /// class (a trainer back from a GPU kernel, its own CPU busy with its
     /// loader, takes a CPU hog's). 0 = never: a wakeup waits for a slice to
     /// end.
