@@ -187,6 +187,7 @@ pub(crate) const GLOBAL_STAT_NAMES: [&str; bpf_intf::zernel_global_stat_ZGSTAT_N
     "gpu_hit",
     "event_lost",
     "wake_afield",
+    "wake_afield_far",
 ];
 
 impl Counters {

@@ -104,6 +104,12 @@ pub struct Metrics {
     pub kept: u64,
     #[stat(desc = "Dispatches stolen from another NUMA node's queues")]
     pub steals: u64,
+    #[stat(
+        desc = "Latency or ml wakeups that took a lower class's CPU other than their waker's and their own (also in wake_preempted)"
+    )]
+    pub wake_afield: u64,
+    #[stat(desc = "Of those, a CPU off the node of the wakee's queue, where none would do")]
+    pub wake_afield_far: u64,
     #[stat(desc = "Lookups (wakeups, enqueues, kept slice ends) that found no decision (default class)")]
     pub map_misses: u64,
     #[stat(desc = "Lookups that found another task's entry (TID recycled): ignored")]
@@ -212,6 +218,8 @@ impl Metrics {
         self.kept = sum(i::zernel_class_stat_ZSTAT_KEPT);
         self.wake_preempted = sum(i::zernel_class_stat_ZSTAT_WAKE_PREEMPT);
         self.steals = c.global[i::zernel_global_stat_ZGSTAT_STEAL as usize];
+        self.wake_afield = c.global[i::zernel_global_stat_ZGSTAT_WAKE_AFIELD as usize];
+        self.wake_afield_far = c.global[i::zernel_global_stat_ZGSTAT_WAKE_AFIELD_FAR as usize];
         self.map_misses = c.global[i::zernel_global_stat_ZGSTAT_MAP_MISS as usize];
         self.map_stale = c.global[i::zernel_global_stat_ZGSTAT_MAP_STALE as usize];
         self.inherited = c.global[i::zernel_global_stat_ZGSTAT_INHERITED as usize];
@@ -243,6 +251,8 @@ impl Metrics {
             kept: d(self.kept, prev.kept),
             starved: d(self.starved, prev.starved),
             steals: d(self.steals, prev.steals),
+            wake_afield: d(self.wake_afield, prev.wake_afield),
+            wake_afield_far: d(self.wake_afield_far, prev.wake_afield_far),
             map_misses: d(self.map_misses, prev.map_misses),
             map_stale: d(self.map_stale, prev.map_stale),
             inherited: d(self.inherited, prev.inherited),
@@ -269,7 +279,7 @@ impl Metrics {
     pub fn format<W: Write>(&self, w: &mut W) -> Result<()> {
         writeln!(
             w,
-            "[zernel] enq lat/ml/nrm/bat {}/{}/{}/{} disp {}/{}/{}/{} | direct {} kept {} preempt {} wake-preempt {} starved {} steal {} | \
+            "[zernel] enq lat/ml/nrm/bat {}/{}/{}/{} disp {}/{}/{}/{} | direct {} kept {} preempt {} wake-preempt {} (afield {} far {}) starved {} steal {} | \
              map {}/{} miss {} stale {} written {} full {} | inherited {} hit {} end {}",
             self.latency_enqueued,
             self.ml_enqueued,
@@ -283,6 +293,8 @@ impl Metrics {
             self.kept,
             self.preempted,
             self.wake_preempted,
+            self.wake_afield,
+            self.wake_afield_far,
             self.starved,
             self.steals,
             self.map_entries,

@@ -121,6 +121,8 @@ enum zernel_global_stat {
 	ZGSTAT_EVENT_LOST,  /* events the ring buffer had no room for */
 	ZGSTAT_WAKE_AFIELD, /* ML wakeups that took a lower class's CPU other
 			     * than their waker's and their own (wake_victim) */
+	ZGSTAT_WAKE_AFIELD_FAR, /* ... of those, a CPU off the node of the
+				 * wakee's queue (none on it would do) */
 	ZGSTAT_NR,
 };
 

@@ -693,10 +693,11 @@ static __always_inline bool runs_long(const struct task_ctx *tctx)
 
 /*
  * May a wakeup of @class in @tenant (@hog: its task runs in long bursts) cut
- * @cpu's task short? If so, the CPU is claimed for it (started_at = 0).
+ * @cpu's task short? If so and @claim, the CPU is claimed for it
+ * (started_at = 0).
  */
 static bool claim_victim(struct task_struct *p, s32 cpu, u32 class, s32 tenant,
-			 bool hog, u64 now)
+			 bool hog, u64 now, bool claim)
 {
 	struct cpu_ctx *cctx;
 	u32 zero = 0;
@@ -712,7 +713,8 @@ static bool claim_victim(struct task_struct *p, s32 cpu, u32 class, s32 tenant,
 	if (!cctx->long_burst &&
 	    (s64)(now - cctx->started_at) < (s64)(wake_preempt_ns / 4))
 		return false;
-	cctx->started_at = 0;
+	if (claim)
+		cctx->started_at = 0;
 	return true;
 }
 
@@ -731,8 +733,9 @@ static bool claim_victim(struct task_struct *p, s32 cpu, u32 class, s32 tenant,
  *         a latency or ml hog), and a hog or ran >= wake_preempt_ns/4?
  *         └─ yes: head of its local queue, its task preempted; the CPU is
  *                 claimed (started_at = 0) until its next task starts
- *         └─ no, a latency or ml wakee: the first of WAKE_AFIELD_CPUS CPUs
- *                 from its own on that runs a lower class, as above
+ *         └─ no, a latency or ml wakee: of the WAKE_AFIELD_CPUS - 1 CPUs
+ *                 after its own, the first that runs a lower class, as
+ *                 above, on its queue's node, else the first off it
  *         └─ no:  the class queue, like any other task
  *
  * The waker's CPU first: a waker often sleeps right after its wakeup (a
@@ -744,10 +747,15 @@ static bool claim_victim(struct task_struct *p, s32 cpu, u32 class, s32 tenant,
  * that made schbench's tail latency worse (an IPI to a busy CPU, where the
  * task would soon have found its own CPU free) and each wakeup dearer.
  *
- * A latency or ml wakee that may take neither looks further, at up to
- * WAKE_AFIELD_CPUS CPUs from its own on, for one running a lower class that
- * may be cut short (as the RT class pushes a woken task to a CPU running a
- * lower one). A timer wakeup is handled on the wakee's own CPU: a trainer
+ * A latency or ml wakee that may take neither looks further, at the
+ * WAKE_AFIELD_CPUS - 1 CPUs after its own, for one running a lower class
+ * that may be cut short (as the RT class pushes a woken task to a CPU
+ * running a lower one). One on the node of its queue (@node: its preferred
+ * node, else its own CPU's) goes first, so a thread placed near its GPU or
+ * its memory stays there; only when none there may be cut short does it
+ * take the first one off that node (counted as wake_afield_far), as a
+ * dispatch steals from another node's queue rather than leave a CPU idle.
+ * On a machine with one node every CPU is on it. A timer wakeup is handled on the wakee's own CPU: a trainer
  * back from a GPU kernel, whose own CPU runs one of its DataLoader workers,
  * otherwise waited in its queue while a CPU hog ran out its slice on another
  * CPU (the sized pipeline beside 4 hogs on 2 vCPUs: 20 such waits a step).
@@ -772,28 +780,42 @@ static bool claim_victim(struct task_struct *p, s32 cpu, u32 class, s32 tenant,
  * shares the weights decide). Returns the CPU, -1 if none qualifies.
  */
 static s32 wake_victim(struct task_struct *p, struct task_ctx *tctx, u32 class,
-		       s32 tenant, u64 now)
+		       s32 tenant, s32 node, u64 now)
 {
 	s32 here = bpf_get_smp_processor_id(), own = scx_bpf_task_cpu(p);
+	s32 far = -1;
 	bool hog = runs_long(tctx);
 	u32 i, n;
 
-	if (claim_victim(p, here, class, tenant, hog, now))
+	if (claim_victim(p, here, class, tenant, hog, now, true))
 		return here;
-	if (own != here && claim_victim(p, own, class, tenant, hog, now))
+	if (own != here && claim_victim(p, own, class, tenant, hog, now, true))
 		return own;
 	if (class >= ZCLASS_NORMAL)
 		return -1;
-	/* Further afield, a lower class only (as a hog: see above). */
+	/*
+	 * Further afield, a lower class only (as a hog: see above), its
+	 * queue's node first: the first CPU off it is only remembered.
+	 */
 	n = nr_cpus < WAKE_AFIELD_CPUS ? nr_cpus : WAKE_AFIELD_CPUS;
 	bpf_for(i, 1, n) {
 		s32 cpu = (own + i) % nr_cpus;
+		bool near = node_of(cpu) == node;
 
-		if (cpu != here &&
-		    claim_victim(p, cpu, class, tenant, true, now)) {
-			count_event(ZGSTAT_WAKE_AFIELD);
-			return cpu;
+		if (cpu == here || (!near && far >= 0) ||
+		    !claim_victim(p, cpu, class, tenant, true, now, near))
+			continue;
+		if (!near) {
+			far = cpu;
+			continue;
 		}
+		count_event(ZGSTAT_WAKE_AFIELD);
+		return cpu;
+	}
+	if (far >= 0 && claim_victim(p, far, class, tenant, true, now, true)) {
+		count_event(ZGSTAT_WAKE_AFIELD);
+		count_event(ZGSTAT_WAKE_AFIELD_FAR);
+		return far;
 	}
 	return -1;
 }
@@ -958,7 +980,7 @@ void BPF_STRUCT_OPS(zernel_enqueue, struct task_struct *p, u64 enq_flags)
 	if (idle < 0 && wake_preempt_ns && (enq_flags & SCX_ENQ_WAKEUP) &&
 	    class < ZCLASS_BATCH && tctx &&
 	    scx_bpf_dsq_nr_queued(dsq) < nr_cpus) {
-		cpu = wake_victim(p, tctx, class, tenant, now);
+		cpu = wake_victim(p, tctx, class, tenant, node, now);
 		if (cpu >= 0) {
 			scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL_ON | cpu, slice,
 					   enq_flags | SCX_ENQ_PREEMPT);

@@ -105,9 +105,9 @@ pub struct SchedulerConfig {
     /// that is a hog itself takes only a lower class's CPU (a DataLoader
     /// worker does not cut its trainer short). A latency or ml thread that
     /// may take neither CPU takes one of the next 15 that runs a lower
-    /// class (a trainer back from a GPU kernel, its own CPU busy with its
-    /// loader, takes a CPU hog's). 0 = never: a wakeup waits for a slice to
-    /// end.
+    /// class, on its queue's NUMA node if one there may be cut short (a
+    /// trainer back from a GPU kernel, its own CPU busy with its loader,
+    /// takes a CPU hog's). 0 = never: a wakeup waits for a slice to end.
     pub wakeup_preempt_us: u64,
     /// Capacity of the per-thread decision map. When it is full, further
     /// threads keep the default class and `map_full` counts them.

@@ -16,7 +16,9 @@
 # kernel's own schedstat (time on a CPU against time runnable but waiting),
 # which a slow host does not change: under emulation a vCPU may get little
 # host time, so a share of wall-clock time would measure the host.
-# An entry naming a node the machine lacks is harmless.
+# An entry naming a node the machine lacks is harmless. An ml thread woken
+# beside a hog of its class takes a lower class's CPU on its own node before
+# one on the other node, and one there only when its node has none.
 # shellcheck disable=SC2317 source=tests/vm/guest-lib.sh
 . "$(dirname "$0")/../guest-lib.sh"
 
@@ -163,5 +165,65 @@ assert_eq "node 7: the scheduler is still attached" "$(sched_state)" enabled
 kill "$bad" 2>/dev/null; wait "$bad" 2>/dev/null
 zernel_stop TERM
 assert_eq "SIGTERM: exit 0" "$ZRC" 0
+
+# ---- an ML wakeup further afield stays on its node ---------------------------------
+# An ml thread that sleeps between 20 ms bursts (stress-ng's cpu worker at 50 %
+# load, ml by rule) last ran on CPU 1, beside an ml hog it may not cut short
+# (a hog of its own class). The CPUs after its own are 2 and 3 (node 1), then
+# 0 (node 0), and normal-class hogs run on 0, 2 and 3 (pinned). It takes
+# CPU 0, on its own node: wake_afield moves, wake_afield_far barely (only
+# when CPU 0 was busy with a higher class, the daemon, or claimed by
+# another wakeup). With an ml hog on CPU 0 too, its node has nothing it may
+# take: then it takes CPU 2 on node 1 (wake_afield_far moves) rather than
+# wait in its queue. To wake it on CPU 1 again and again, it is pinned there
+# for 0.2 s, then let go, 50 times.
+cat >/tmp/numa-afield.toml <<'TOML'
+[[rules]]
+comm = "^stress-ng-cpu$"
+class = "ml"
+
+[[rules]]
+comm = "^zt_mlhog$"
+class = "ml"
+TOML
+# afield_round normal|ml : the hog on CPU 0 is of that class; sets AF_N and
+# AF_FAR to the wake_afield and wake_afield_far deltas (in this shell: their
+# checks count).
+afield_round() {
+  local h0 h1 h23 s w i a0 a1 f0 f1 name0=zt_hog
+  AF_N="" AF_FAR=""
+  [ "$1" = ml ] && name0=zt_mlhog
+  zernel_start /tmp/numa-afield.toml || return 1
+  taskset -c 0 zernel-workload hog --name "$name0" --threads 1 --secs 60 & h0=$!
+  taskset -c 1 zernel-workload hog --name zt_mlhog --threads 1 --secs 60 & h1=$!
+  taskset -c 2,3 zernel-workload hog --name zt_hog --threads 2 --secs 60 & h23=$!
+  stress-ng --cpu 1 --cpu-load 50 --cpu-load-slice 20 --timeout 60s >/dev/null 2>&1 &
+  s=$!
+  check "the rules put stress-ng's cpu worker and the ml hogs in the ml class (CPU 0: $1)" \
+    wait_until 30 eval "zholds stress-ng-cpu ml '*' '*' && zholds zt_mlhog ml '*' '*'"
+  w=$(tids_by_comm stress-ng-cpu | tail -n 1)
+  a0=$(zglobal wake_afield) f0=$(zglobal wake_afield_far)
+  i=0
+  while [ $i -lt 50 ] && [ -n "$w" ]; do
+    taskset -p -c 1 "$w" >/dev/null 2>&1
+    sleep 0.2
+    taskset -p -c 0-3 "$w" >/dev/null 2>&1
+    sleep 0.1
+    i=$((i + 1))
+  done
+  a1=$(zglobal wake_afield) f1=$(zglobal wake_afield_far)
+  kill "$h0" "$h1" "$h23" "$s" 2>/dev/null; wait "$h0" "$h1" "$h23" "$s" 2>/dev/null
+  zernel_stop INT
+  assert_eq "SIGINT: scx_zernel exits 0" "$ZRC" 0
+  AF_N=$((${a1:-0} - ${a0:-0})) AF_FAR=$((${f1:-0} - ${f0:-0}))
+}
+afield_round normal
+echo "woken on CPU 1 beside an ml hog, normal hogs on CPU 0 (node 0) and CPUs 2-3 (node 1): $AF_N wakeups took a CPU further afield, $AF_FAR of them off its node"
+assert_ge "it took a lower class's CPU further afield (wake_afield)" "$AF_N" 10
+check "it took one on its own node: at most a quarter off it (wake_afield_far $AF_FAR of $AF_N)" \
+  [ $((AF_FAR * 4)) -le "$AF_N" ]
+afield_round ml
+echo "the same with an ml hog on CPU 0 too: $AF_N wakeups took a CPU further afield, $AF_FAR of them off its node"
+assert_ge "with none on its node it took one off it (wake_afield_far)" "$AF_FAR" 10
 check "dmesg is clean" dmesg_clean
 finish
