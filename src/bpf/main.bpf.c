@@ -755,10 +755,11 @@ static bool claim_victim(struct task_struct *p, s32 cpu, u32 class, s32 tenant,
  * its memory stays there; only when none there may be cut short does it
  * take the first one off that node (counted as wake_afield_far), as a
  * dispatch steals from another node's queue rather than leave a CPU idle.
- * On a machine with one node every CPU is on it. A timer wakeup is handled on the wakee's own CPU: a trainer
- * back from a GPU kernel, whose own CPU runs one of its DataLoader workers,
- * otherwise waited in its queue while a CPU hog ran out its slice on another
- * CPU (the sized pipeline beside 4 hogs on 2 vCPUs: 20 such waits a step).
+ * On a machine with one node every CPU is on it. A timer wakeup is handled
+ * on the wakee's own CPU: a trainer back from a GPU kernel, whose own CPU
+ * runs one of its DataLoader workers, otherwise waited in its queue while a
+ * CPU hog ran out its slice on another CPU (the sized pipeline beside 4 hogs
+ * on 2 vCPUs: 20 such waits a step).
  *
  * Whatever the wakee's own bursts, with one exception: when only tasks that
  * run in short bursts could preempt, schbench's workers (bursts of over 1 ms
