@@ -9,7 +9,8 @@
 # by the bound. Then the class order at slice ends: with an ml-class hog on
 # every CPU, normal-class hogs get only what the bound serves them, and the
 # daemon (latency class) does not wait for it. Then wakeup preemption:
-# sleepers cut normal-class hogs short, and do not when
+# sleepers cut normal-class hogs short, with the normal queue crowded too
+# (twice as many hogs as CPUs), and do not when
 # scheduler.wakeup_preempt_us = 0; ml threads that sleep between 20 ms bursts
 # (stress-ng --cpu-load) cut them short too, but not hogs of their own class;
 # beside one of those they take a normal hog's CPU further afield.
@@ -130,10 +131,11 @@ kill "$mlh" "$nh" 2>/dev/null; wait "$mlh" "$nh" 2>/dev/null
 # again at once (the default class for both: no rule). With
 # scheduler.wakeup_preempt_us at its default, the sleepers' wakeups cut the
 # hogs short; with 0, no wakeup does, and the sleepers wait for slices to end.
-# wake_round : 5 s of that load; prints the normal class's wake_preempt delta.
+# wake_round [HOGS] : 5 s of that load (HOGS hogs, default 4); prints the
+# normal class's wake_preempt delta.
 wake_round() {
   local h s w0
-  zernel-workload hog --name zt_hog --threads 4 --secs 30 &
+  zernel-workload hog --name zt_hog --threads "${1:-4}" --secs 30 &
   h=$!
   zernel-workload threads --count 4 --wake-ms 2 --secs 30 >/dev/null &
   s=$!
@@ -146,6 +148,15 @@ wake_round() {
 w_on=$(wake_round)
 echo "5 s of 2 ms sleepers beside 4 normal-class hogs: $w_on wakeups preempted a hog (wakeup_preempt_us = 1000)"
 assert_gt "wakeups of short-burst sleepers preempted hogs of their class" "${w_on:-0}" 100
+# 8 hogs on 4 CPUs: 4 or more always wait in the normal queue (as many as
+# there are CPUs: crowded). A sleeper's wakeup, which would head that queue
+# (a sleeper's vtime credit), still cuts a hog short: more than a fifth as
+# often as beside 4 hogs (where a crowded queue turned preemption off, about
+# a fortieth as often: only in the moments the queue held fewer).
+w_crowd=$(wake_round 8)
+echo "the same beside 8 normal-class hogs (the queue crowded): $w_crowd wakeups preempted a hog"
+assert_gt "with the queue crowded, short-burst sleepers still preempted hogs (> $w_on / 5)" \
+  "$((${w_crowd:-0} * 5))" "${w_on:-0}"
 zernel_stop INT
 assert_eq "SIGINT: scx_zernel exits 0" "$ZRC" 0
 assert_eq "state is disabled after exit" "$(sched_state)" disabled
