@@ -780,9 +780,9 @@ static bool claim_victim(struct task_struct *p, s32 cpu, u32 class, s32 tenant,
  * for wake_preempt_ns / 4 at least; while the wakee's queue holds as many
  * tasks as there are CPUs, only a normal-class wakee that runs in short
  * bursts and would head that queue preempts, and only a hog
- * (may_cut_short()); batch tasks never
- * preempt; with tenants, a task preempts only tasks of its own share (between
- * shares the weights decide). Returns the CPU, -1 if none qualifies.
+ * (may_cut_short()); batch tasks never preempt; with tenants, a task preempts
+ * only tasks of its own share (between shares the weights decide). Returns
+ * the CPU, -1 if none qualifies.
  */
 static s32 wake_victim(struct task_struct *p, struct task_ctx *tctx, u32 class,
 		       s32 tenant, s32 node, u64 now, bool hogs_only)
@@ -917,9 +917,10 @@ static __always_inline bool may_cut_short(struct task_struct *p,
 	*hogs_only = scx_bpf_dsq_nr_queued(dsq) >= nr_cpus;
 	if (!*hogs_only)
 		return true;
+	/* Crowded, so not empty: its head decides. */
 	return class == ZCLASS_NORMAL && !runs_long(tctx) &&
-	       would_head(dsq, vtime_against(tctx, vclock_of(class, share),
-					     class, p->scx.dsq_vtime));
+	       before_head(dsq, vtime_against(tctx, vclock_of(class, share),
+					      class, p->scx.dsq_vtime));
 }
 
 /* What @used ns of CPU time add to @p's vtime: weighted by its nice level. */
