@@ -105,7 +105,7 @@ pub struct Metrics {
     #[stat(desc = "Dispatches stolen from another NUMA node's queues")]
     pub steals: u64,
     #[stat(
-        desc = "Latency or ml wakeups that took a lower class's CPU other than their waker's and their own (also in wake_preempted)"
+        desc = "Wakeups that took a CPU other than their waker's and their own: latency or ml ones a lower class's, normal ones with their queue crowded a hog's (also in wake_preempted)"
     )]
     pub wake_afield: u64,
     #[stat(desc = "Of those, a CPU off the node of the wakee's queue, where none would do")]

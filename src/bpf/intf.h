@@ -118,9 +118,11 @@ enum zernel_global_stat {
 	ZGSTAT_ENQ_BEFORE_DEC, /* ... their enqueues with none before it */
 	ZGSTAT_GPU_OPEN,       /* processes marked ML by a GPU device open */
 	ZGSTAT_GPU_HIT, /* lookups with no entry served by that mark (class ml) */
-	ZGSTAT_EVENT_LOST,  /* events the ring buffer had no room for */
-	ZGSTAT_WAKE_AFIELD, /* ML wakeups that took a lower class's CPU other
-			     * than their waker's and their own (wake_victim) */
+	ZGSTAT_EVENT_LOST, /* events the ring buffer had no room for */
+	/* wakeups that took a CPU other than their waker's and their own
+	 * (wake_victim): latency and ML wakees a lower class's, normal ones
+	 * with their queue crowded a hog's */
+	ZGSTAT_WAKE_AFIELD,
 	ZGSTAT_WAKE_AFIELD_FAR, /* ... of those, a CPU off the node of the
 				 * wakee's queue (none on it would do) */
 	ZGSTAT_NR,

@@ -132,20 +132,23 @@ kill "$mlh" "$nh" 2>/dev/null; wait "$mlh" "$nh" 2>/dev/null
 # scheduler.wakeup_preempt_us at its default, the sleepers' wakeups cut the
 # hogs short; with 0, no wakeup does, and the sleepers wait for slices to end.
 # wake_round [HOGS] : 5 s of that load (HOGS hogs, default 4); prints the
-# normal class's wake_preempt delta.
+# normal class's wake_preempt delta, then wake_afield's (wakeups that took a
+# CPU other than their waker's and their own).
 wake_round() {
-  local h s w0
+  local h s w0 a0
   zernel-workload hog --name zt_hog --threads "${1:-4}" --secs 30 &
   h=$!
   zernel-workload threads --count 4 --wake-ms 2 --secs 30 >/dev/null &
   s=$!
   sleep 1
-  w0=$(zcounter normal wake_preempt)
+  w0=$(zcounter normal wake_preempt) a0=$(zglobal wake_afield)
   sleep 5
-  echo $(($(zcounter normal wake_preempt) - w0))
+  echo $(($(zcounter normal wake_preempt) - w0)) $(($(zglobal wake_afield) - a0))
   kill "$h" "$s" 2>/dev/null; wait "$h" "$s" 2>/dev/null
 }
-w_on=$(wake_round)
+read -r w_on a_on <<EOF
+$(wake_round)
+EOF
 echo "5 s of 2 ms sleepers beside 4 normal-class hogs: $w_on wakeups preempted a hog (wakeup_preempt_us = 1000)"
 assert_gt "wakeups of short-burst sleepers preempted hogs of their class" "${w_on:-0}" 100
 # 8 hogs on 4 CPUs: 4 or more always wait in the normal queue (as many as
@@ -153,10 +156,18 @@ assert_gt "wakeups of short-burst sleepers preempted hogs of their class" "${w_o
 # (a sleeper's vtime credit), still cuts a hog short: more than a fifth as
 # often as beside 4 hogs (where a crowded queue turned preemption off, about
 # a fortieth as often: only in the moments the queue held fewer).
-w_crowd=$(wake_round 8)
-echo "the same beside 8 normal-class hogs (the queue crowded): $w_crowd wakeups preempted a hog"
+# With the queue crowded, a sleeper whose waker's and own CPUs run no
+# hog looks further afield for one (a wait in that queue lasts a slice):
+# wake_afield moves by more than beside 4 hogs, where a normal wakeup never
+# looks further (only the daemon's own, in the latency class, may).
+read -r w_crowd a_crowd <<EOF
+$(wake_round 8)
+EOF
+echo "the same beside 8 normal-class hogs (the queue crowded): $w_crowd wakeups preempted a hog, $a_crowd further afield than the waker's and their own CPU (beside 4 hogs: $a_on)"
 assert_gt "with the queue crowded, short-burst sleepers still preempted hogs (> $w_on / 5)" \
   "$((${w_crowd:-0} * 5))" "${w_on:-0}"
+assert_gt "with the queue crowded, sleepers took a hog's CPU further afield (> 10 + $a_on beside 4 hogs)" \
+  "${a_crowd:-0}" "$((${a_on:-0} + 10))"
 zernel_stop INT
 assert_eq "SIGINT: scx_zernel exits 0" "$ZRC" 0
 assert_eq "state is disabled after exit" "$(sched_state)" disabled
@@ -164,7 +175,9 @@ check "dmesg is clean after detach" dmesg_clean
 
 printf '[scheduler]\nwakeup_preempt_us = 0\n' >/tmp/nowake.toml
 zernel_start /tmp/nowake.toml || finish
-w_off=$(wake_round)
+read -r w_off _ <<EOF
+$(wake_round)
+EOF
 echo "the same with wakeup_preempt_us = 0: $w_off wakeups preempted a hog"
 assert_eq "wakeup_preempt_us = 0 reaches the kernel: no wakeup preempts" "$w_off" 0
 zernel_stop INT
