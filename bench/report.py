@@ -455,6 +455,28 @@ def rel(a, b):
 HOST_CPU_TARGET = {"sched_cpu_pct_ml_threads": "ml", "sched_cpu_pct_plain_threads": "plain"}
 
 
+# The training target's bound: the share of its isolated steps/s it keeps with hogs.
+TRAIN_KEEP = next(t[3] for t in TARGETS if t[1] == "torch_train_con_over_iso")
+
+
+def both_training_targets(d, meta, cand, share_bound):
+    """What the two training targets ask of the rest of the guest together:
+    at TRAIN_KEEP of its isolated steps/s (its CPU use taken to scale with
+    its steps) the training leaves `left` vCPUs, of which the hogs must get
+    share_bound, so everything else (kernel threads, the harness, the
+    scheduler's process) may use at most `allowed`. Returns (the training's
+    CPU alone, left, allowed, the rest's CPU under cand, the least and most
+    under a peer), or None."""
+    iso = d.median(cand, "torch_train_iso_cpu")
+    own = d.median(cand, "torch_train_other_busy_cpu")
+    peers = [d.median(p, "torch_train_other_busy_cpu") for p in PEERS if d.summary(p, "torch_train_other_busy_cpu")]
+    ncpu = meta.get("vcpus", "")
+    if iso is None or own is None or not peers or not ncpu.isdigit():
+        return None
+    left = max(0.0, int(ncpu) - TRAIN_KEEP * iso)
+    return iso, left, (1 - share_bound) * left, own, min(peers), max(peers)
+
+
 def targets(d, meta, cand, factors, short, threads, hobs):
     """The targets table of scheduler cand: (markdown, records)."""
     rows, records = [], []
@@ -527,6 +549,15 @@ def targets(d, meta, cand, factors, short, threads, hobs):
                              f"with its CPU at the rough native estimate (÷ the daemon's own emulation factor "
                              f"{factors['observe']:.1f}, the rest to the hogs): {fmt(nat['median'])}, "
                              f"{verdict(eok, emiss, short)}")
+        both = (both_training_targets(d, meta, cand, bound)
+                if metric == "torch_train_hogs_share_of_idle" and x is not None else None)
+        if both:
+            iso, left, allowed, own, lo, hi = both
+            rec["rest_allowed_beside_training_target"] = allowed
+            verdict_text += (f"; with the training target met too, the rest of the guest could use at most "
+                             f"{fmt(allowed)} vCPUs here (the training used {fmt(iso)} alone; at "
+                             f"{fmt(TRAIN_KEEP)} of its steps/s, its CPU in proportion, it leaves {fmt(left)}); "
+                             f"it used {fmt(own)} under {label(cand)} and {fmt(lo)}–{fmt(hi)} under the peers")
         others = ", ".join(f"{label(s)} {fmt(d.median(s, metric))}"
                            for s in d.scheds if s != cand and d.summary(s, metric))
         rows.append(f"| {text} | {'≥' if kind == 'ge' else '≤'} {fmt(bound)}{unit} | "
