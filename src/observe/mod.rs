@@ -93,6 +93,10 @@
 //!                                                 held thread      still sampled
 //!                                                                  every 90-150 checks)
 //! ```
+//! * An ML process whose main thread is stopped (state T: a SIGSTOP, a
+//!   suspended job) costs its main-thread stat per pass: none of its
+//!   threads can run, so none is sampled and its names wait. The pass after
+//!   it resumes takes baselines, so no delta reads the stop as idle time.
 //! * Files read repeatedly stay open and are re-read with pread at offset 0
 //!   (procfile.rs); buffers are reused.
 //!

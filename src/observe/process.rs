@@ -21,6 +21,10 @@
 //!             cgroup move: the cgroup; exec: exe, cmdline (next pass)
 //! on change   relist /proc/<pid>/task when the thread count changed or a
 //!             thread vanished (readdir of 2,000 tasks costs ~1.5 ms)
+//! stopped     (main thread in state T: SIGSTOP, a suspended job) the
+//!             main-thread stat only: no thread can run, none is sampled;
+//!             the pass after it resumes takes fresh baselines (no delta
+//!             spans the stop)
 //! ```
 
 use std::cmp::Reverse;
@@ -62,6 +66,9 @@ struct ProcStat {
     num_threads: u32,
     vsize: u64,
     kernel_thread: bool,
+    /// The main thread is stopped (state T): a SIGSTOP stops every thread
+    /// of the process until a SIGCONT.
+    stopped: bool,
     /// utime + stime in clock ticks: the whole process's when read from
     /// /proc/<pid>/stat, the main thread's from its task/ entry.
     cpu_ticks: u64,
@@ -84,6 +91,7 @@ fn parse_proc_stat(bytes: &[u8]) -> Result<ProcStat, ReadError> {
         num_threads: u32::try_from(st.num_threads).unwrap_or(0),
         vsize: st.vsize,
         kernel_thread: st.flags & PF_KTHREAD != 0,
+        stopped: st.state == 'T',
         cpu_ticks: st.utime.saturating_add(st.stime),
         image: [st.startcode, st.startstack, st.env_start.unwrap_or(0), st.env_end.unwrap_or(0)],
     })
@@ -138,6 +146,11 @@ pub struct ProcEntry {
     /// next pass.
     names_told: Vec<i32>,
     relist: bool,
+    /// The main thread was stopped when its stat was last read.
+    stopped: bool,
+    /// Its threads went unsampled while it was stopped: the next samples
+    /// are baselines.
+    stop_unsampled: bool,
     /// The kernel's task iterator attached to this process (ML, with
     /// `thread_counters = "kernel"`): its threads' counters in one read.
     link: Option<ProcessLink>,
@@ -256,6 +269,8 @@ impl ProcEntry {
             cgroup_due: false,
             names_told: Vec::new(),
             relist: true,
+            stopped: st.stopped,
+            stop_unsampled: false,
             link: None,
             link_failed: false,
             layout_changed: true,
@@ -398,6 +413,7 @@ impl ProcEntry {
         }
         self.view.nr_threads = st.num_threads;
         self.vsize = st.vsize;
+        self.stopped = st.stopped;
         // No stack shown: no address space (a leader that exited while its
         // threads run on, a process exiting), or one we may not see. No
         // exec; what was read before stays.
@@ -510,7 +526,27 @@ impl ProcEntry {
 
     /// Relists threads if needed, checks a slice of thread names, samples
     /// ML threads. Gone threads are appended to `gone`.
+    ///
+    /// An ML process that is stopped (a SIGSTOP: a suspended job) has no
+    /// thread that can run: none is sampled, its names wait, and it costs
+    /// the pass one stat read. In the pass after it resumes every thread
+    /// sampled is a baseline (no delta): a delta across the stop would read
+    /// as an idle interval as long as the stop.
     pub fn update_threads(&mut self, ctx: &mut PassCtx, ids: &mut Vec<i32>, gone: &mut Vec<GoneThread>) {
+        if self.view.ml && self.stopped {
+            self.stop_unsampled = true;
+            return;
+        }
+        let resumed = std::mem::take(&mut self.stop_unsampled);
+        self.update_running(ctx, ids, gone);
+        if resumed && self.view.ml {
+            for t in &mut self.threads {
+                t.view.delta = None;
+            }
+        }
+    }
+
+    fn update_running(&mut self, ctx: &mut PassCtx, ids: &mut Vec<i32>, gone: &mut Vec<GoneThread>) {
         if !self.view.ml {
             self.link = None;
         } else if self.sample_from_kernel(ctx, gone) {

@@ -266,6 +266,46 @@ fn deltas_of_ml_threads() {
     assert_eq!(thread_of(&s, 51).delta.unwrap().cpu_ns, 0);
 }
 
+#[test]
+fn a_stopped_process_is_not_sampled_and_resumes_with_fresh_baselines() {
+    let dir = TempDir::new("observe-stopped");
+    let root = dir.path();
+    let (mut p, mut o) = trainer_with_pool_thread(root, 80, Duration::from_millis(200));
+    // Running: both threads are sampled every pass (the positive control).
+    p.thread(81).cpu_ns += 5_000_000;
+    write_proc(root, &p);
+    let s = poll(&mut o);
+    assert!(thread_of(&s, 80).delta.is_some() && thread_of(&s, 81).delta.is_some(), "sampled while running");
+
+    // SIGSTOP: every thread in state T. No thread is sampled.
+    for t in &mut p.threads {
+        t.state = 'T';
+    }
+    write_proc(root, &p);
+    for _ in 0..3 {
+        let s = poll(&mut o);
+        assert!(proc_of(&s, 80).ml, "still an ML process");
+        assert!(thread_of(&s, 80).delta.is_none() && thread_of(&s, 81).delta.is_none(), "stopped: not sampled");
+    }
+
+    // SIGCONT, and the worker runs before the next pass: that pass takes
+    // baselines (no delta spans the stop), the one after reports only what
+    // ran since.
+    for t in &mut p.threads {
+        t.state = 'S';
+    }
+    p.thread(81).cpu_ns += 7_000_000;
+    write_proc(root, &p);
+    let s = poll(&mut o);
+    assert!(thread_of(&s, 81).delta.is_none(), "the first pass after the stop is a baseline");
+    std::thread::sleep(Duration::from_millis(20));
+    p.thread(81).cpu_ns += 3_000_000;
+    write_proc(root, &p);
+    let s = poll(&mut o);
+    assert_eq!(thread_of(&s, 81).delta.map(|d| d.cpu_ns), Some(3_000_000), "only what ran since the baseline");
+    assert_eq!(thread_of(&s, 80).delta.map(|d| d.cpu_ns), Some(0));
+}
+
 /// An ML process `pid` (a trainer with RANK set) with one pool thread,
 /// `pid + 1`, observed once with `quiet_sample_interval_ms = quiet`.
 fn trainer_with_pool_thread(root: &Path, pid: i32, quiet: Duration) -> (FakeProc, Observer) {
