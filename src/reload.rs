@@ -26,13 +26,24 @@
 //! (`IN_CLOSE_WRITE`), never half-written: a created regular file is not
 //! acted on until then, a created symlink is (it is complete at once).
 //!
+//! The thread reads the queue at most once per [`READ_PAUSE`]: the first
+//! event after a quiet spell is passed on at once, those that follow it
+//! within the pause are read together after it. A directory that churns
+//! (a GPU file provider's writer replacing its file by rename hundreds of
+//! times a second, beside the config) then costs about ten reads a second,
+//! not a wakeup per event. Beside the sized pipeline and 4 CPU hogs on 2
+//! vCPUs under TCG, with the config in the directory of the pipeline's GPU
+//! file, the daemon used 0.47-0.54 s of CPU per run of about 7.5 s when
+//! the thread read every event, 0.32 s with the pause, and 0.30-0.37 s
+//! with the config in a directory of its own (3 runs each, one boot).
+//!
 //! Where inotify cannot be had (no watch left, a filesystem without it), the
 //! loop falls back to comparing the stamp once a second, and says so.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -63,6 +74,16 @@ const DIR_EVENTS: WatchMask = WatchMask::CLOSE_WRITE
     .union(WatchMask::MOVE_SELF)
     .union(WatchMask::ONLYDIR);
 
+/// After a read of the event queue, the inotify thread waits this long
+/// before the next: a burst of events in the directory costs one read per
+/// pause, and a change of the file is seen at most this much later (the
+/// daemon's loop runs every 100 ms by default anyway).
+const READ_PAUSE: Duration = Duration::from_millis(100);
+
+/// Room for the events of one pause of a busy directory (an event takes
+/// 16 bytes and its name, padded).
+const EVENT_BUF: usize = 64 << 10;
+
 /// Each watched directory and the names of interest in it, shared with the
 /// inotify thread.
 type Names = Arc<Mutex<HashMap<WatchDescriptor, (PathBuf, Vec<OsString>)>>>;
@@ -73,6 +94,8 @@ struct DirWatch {
     watches: Watches,
     names: Names,
     stop: Arc<AtomicBool>,
+    /// Reads of the event queue so far.
+    reads: Arc<AtomicU64>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -132,14 +155,20 @@ impl DirWatch {
         let mut inotify = Inotify::init().context("creating an inotify instance")?;
         let names: Names = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
-        let mut w = DirWatch { watches: inotify.watches(), names, stop, thread: None };
+        let reads = Arc::new(AtomicU64::new(0));
+        let mut w = DirWatch { watches: inotify.watches(), names, stop, reads, thread: None };
         w.add(file)?;
-        let (names_t, stop_t) = (w.names.clone(), w.stop.clone());
+        let (names_t, stop_t, reads_t) = (w.names.clone(), w.stop.clone(), w.reads.clone());
         let thread = std::thread::Builder::new()
             .name("zernel-inotify".into())
             .spawn(move || {
-                let mut buf = [0u8; 4096];
+                let mut buf = vec![0u8; EVENT_BUF];
+                let mut first = true;
                 while !stop_t.load(Ordering::Acquire) {
+                    if !std::mem::take(&mut first) {
+                        std::thread::sleep(READ_PAUSE);
+                    }
+                    reads_t.fetch_add(1, Ordering::Relaxed);
                     let events = match inotify.read_events_blocking(&mut buf) {
                         Ok(ev) => ev,
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -252,6 +281,12 @@ impl ReloadWatch {
     /// The channel the triggers arrive on.
     pub fn receiver(&self) -> &Receiver<Trigger> {
         &self.rx
+    }
+
+    /// Reads of the inotify queue so far (0 without a watch).
+    #[cfg(test)]
+    fn queue_reads(&self) -> u64 {
+        self.inotify.as_ref().map_or(0, |w| w.reads.load(Ordering::Relaxed))
     }
 
     /// Takes every trigger waiting: (any at all, any SIGHUP among them).
@@ -394,14 +429,20 @@ mod tests {
         w.receiver().recv_timeout(within).ok()
     }
 
-    #[test]
-    fn replaced_written_and_removed_files_wake_partial_writes_do_not() {
-        let tmp = TempDir::new("reload");
-        let dir = tmp.path();
-        let cfg = dir.join("zernel.toml");
+    /// A temporary directory holding an empty zernel.toml, and a watch of it.
+    fn watched(name: &str) -> (TempDir, PathBuf, ReloadWatch) {
+        let tmp = TempDir::new(name);
+        let cfg = tmp.path().join("zernel.toml");
         std::fs::write(&cfg, "").unwrap();
         let mut w = ReloadWatch::new();
         w.on_file(&cfg).unwrap();
+        (tmp, cfg, w)
+    }
+
+    #[test]
+    fn replaced_written_and_removed_files_wake_partial_writes_do_not() {
+        let (tmp, cfg, w) = watched("reload");
+        let dir = tmp.path();
         assert!(w.watches_file());
         let s0 = stamp(&cfg);
 
@@ -438,12 +479,8 @@ mod tests {
 
     #[test]
     fn other_entries_of_the_directory_wake_nothing() {
-        let tmp = TempDir::new("reload-busy");
+        let (tmp, cfg, w) = watched("reload-busy");
         let dir = tmp.path();
-        let cfg = dir.join("zernel.toml");
-        std::fs::write(&cfg, "").unwrap();
-        let mut w = ReloadWatch::new();
-        w.on_file(&cfg).unwrap();
 
         // A busy directory: a log written to, a file replaced by rename
         // (as the GPU file provider's writers do), another removed.
@@ -460,6 +497,32 @@ mod tests {
         // The positive control, in the same watch: the file itself.
         std::fs::write(&cfg, "# changed\n").unwrap();
         assert_eq!(wait(&w, Duration::from_secs(2)), Some(Trigger::File));
+    }
+
+    #[test]
+    fn a_churning_directory_costs_a_read_per_pause_not_per_event() {
+        let (tmp, cfg, w) = watched("reload-churn");
+        let dir = tmp.path();
+        // Let the thread block in its first read.
+        std::thread::sleep(Duration::from_millis(50));
+        let r0 = w.queue_reads();
+        // 3,000 events: a GPU file replaced by rename, 1,000 times.
+        let t = Instant::now();
+        for i in 0..1000 {
+            std::fs::write(dir.join("gpu.json.tmp"), format!("{{\"n\":{i}}}")).unwrap();
+            std::fs::rename(dir.join("gpu.json.tmp"), dir.join("gpu.json")).unwrap();
+        }
+        std::thread::sleep(READ_PAUSE * 3);
+        let (took, reads) = (t.elapsed(), w.queue_reads() - r0);
+        let most = (took.as_millis() / READ_PAUSE.as_millis()) as u64 + 2;
+        assert!(reads >= 1, "the events were not read");
+        assert!(reads <= most, "{reads} reads for 3,000 events in {took:?}: want at most {most}");
+        assert_eq!(wait(&w, Duration::ZERO), None, "another entry's change woke the loop");
+        // The file itself still wakes the loop, within a pause.
+        let t = Instant::now();
+        std::fs::write(&cfg, "# changed\n").unwrap();
+        assert_eq!(wait(&w, Duration::from_secs(2)), Some(Trigger::File));
+        assert!(t.elapsed() < READ_PAUSE * 2, "{:?}", t.elapsed());
     }
 
     #[test]
