@@ -110,16 +110,6 @@ fi
 NCPU=$(grep -c '^processor' /proc/cpuinfo)
 W=/tmp/bench
 mkdir -p "$W"
-# The sched_ext schedulers run from the guest's tmpfs, as from a node's own
-# disk, not from the run directory the host shares (virtiofs) where bench/run.sh
-# puts them: run from there, scx_zernel's process took about twice the CPU
-# beside the sized pipeline and its hogs (9.9-12.6 % of a vCPU against
-# 4.5-4.8 %, the same guest.sh in one boot each).
-mkdir -p "$W/bin"
-for b in scx_zernel scx_zernel_base scx_bpfland scx_lavd scx_cosmos; do
-  if p=$(command -v "$b"); then cp "$p" "$W/bin/$b"; fi
-done
-PATH=$W/bin:$PATH
 
 # ---- small helpers ------------------------------------------------------------------
 # result SCHED REP METRIC VALUE : one result line (nothing if VALUE is empty).
@@ -168,6 +158,19 @@ SPID=""     # the running sched_ext scheduler's process
 sched_bin() {
   case $1 in zernel|zernel_gpu|zernel_flat) echo scx_zernel ;; *) echo "scx_$1" ;; esac
 }
+
+# The sched_ext schedulers run from the guest's tmpfs, as from a node's own
+# disk, not from the run directory the host shares (virtiofs) where bench/run.sh
+# puts them: run from there, scx_zernel's process took about twice the CPU
+# beside the sized pipeline and its hogs (9.9-12.6 % of a vCPU against
+# 4.5-4.8 %, the same guest.sh in one boot each). EEVDF and the RT control
+# have no program.
+mkdir -p "$W/bin"
+for s in $SCHEDS; do
+  b=$(sched_bin "$s")
+  if [ ! -e "$W/bin/$b" ] && p=$(command -v "$b"); then cp "$p" "$W/bin/$b"; fi
+done
+PATH=$W/bin:$PATH
 
 # sched_start NAME : attach scheduler NAME (eevdf, rt: check nothing is attached).
 # Waits <= 90 s for state `enabled` with an ops name starting with the

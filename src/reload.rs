@@ -163,11 +163,7 @@ impl DirWatch {
             .name("zernel-inotify".into())
             .spawn(move || {
                 let mut buf = vec![0u8; EVENT_BUF];
-                let mut first = true;
                 while !stop_t.load(Ordering::Acquire) {
-                    if !std::mem::take(&mut first) {
-                        std::thread::sleep(READ_PAUSE);
-                    }
                     reads_t.fetch_add(1, Ordering::Relaxed);
                     let events = match inotify.read_events_blocking(&mut buf) {
                         Ok(ev) => ev,
@@ -192,6 +188,7 @@ impl DirWatch {
                     if hit && tx.send(Trigger::File).is_err() {
                         return;
                     }
+                    std::thread::sleep(READ_PAUSE);
                 }
             })
             .context("starting the inotify thread")?;
