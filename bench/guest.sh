@@ -589,6 +589,14 @@ msg_run() {
   esac | awk '/[Tt]ime:/ { v = $NF == "[sec]" ? $(NF - 1) : $NF } END { print v }'
 }
 
+# sch_pct TABLE PCT : the PCT percentile of schbench's table TABLE ("Wakeup
+# Latencies", "RPS") in $W/sch.out. schbench prints its tables so far every 10 s
+# and over the whole run at the end: the last one counts.
+sch_pct() {
+  awk -v t="$1" -v p="$2th:" '/ percentiles / { b = index($0, t " percentiles") == 1 }
+    b && index($0, p) { sub(/.*th: */, ""); v = $1 + 0 } END { if (v != "") print v }' "$W/sch.out"
+}
+
 case_latency() {
   local s="$1" r="$2" hp
   stress-ng --temp-path "$W" --cpu "$NCPU" --timeout 3600s >/dev/null 2>&1 &
@@ -609,12 +617,8 @@ case_latency() {
     # TCG a 10 s run's p99 spread widely over 15 runs in one boot (EEVDF
     # 312-611 us, scx_zernel 381-1,438 us): the full run takes 30 s.
     schbench -m 1 -t "$NCPU" -r "$SCH_S" >"$W/sch.out" 2>&1
-    # It prints its figures so far every 10 s and over the whole run at the
-    # end: the last block of each counts.
-    result "$1" "$2" schbench_p99_us "$(awk '/Wakeup Latencies/ { b = 1 } /Request Latencies|RPS/ { b = 0 }
-      b && /99\.0th:/ { sub(/.*99\.0th: */, ""); v = $1 + 0 } END { if (v != "") print v }' "$W/sch.out")"
-    result "$1" "$2" schbench_rps "$(awk '/RPS percentiles/ { b = 1 } /Latencies/ { b = 0 }
-      b && /50\.0th:/ { sub(/.*50\.0th: */, ""); v = $1 + 0 } END { if (v != "") print v }' "$W/sch.out")"
+    result "$1" "$2" schbench_p99_us "$(sch_pct 'Wakeup Latencies' 99.0)"
+    result "$1" "$2" schbench_rps "$(sch_pct RPS 50.0)"
   fi
 }
 
