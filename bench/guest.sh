@@ -137,14 +137,56 @@ ticks_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13
 # a scheduler serves the harness's class (normal) only at its starvation
 # bound, a pass in that class stretched over seconds, and a window's clock
 # no longer matched the CPU times it read (2.25 vCPUs of 2).
+# With FILE, the same pass also writes there one line per process: "pid ppid
+# pgrp ticks child_ticks comm" (its own utime+stime; its reaped children's
+# cutime+cstime), for rest_of_guest.
 snap_ticks() {
-  chrt -f 1 cat /proc/uptime /proc/stat /proc/[0-9]*/stat /proc/uptime 2>/dev/null | awk -v g="$1" '
+  chrt -f 1 cat /proc/uptime /proc/stat /proc/[0-9]*/stat /proc/uptime 2>/dev/null | awk -v g="$1" -v out="${2:-}" '
     NF == 2 && $1 ~ /^[0-9]+\.[0-9]+$/ { split($1, c, "."); up[++n] = c[1] * 100 + c[2]; next }
     $1 !~ /^[0-9]+$/ { if ($1 == "cpu") idle = $5 + $6; next }
     { s = $0; sub(/^.*\) /, "", s); split(s, f, " ")
       if (f[3] == g) j += f[12] + f[13]
-      if (substr($2, 1, 10) == "(stress-ng") h += f[12] + f[13] }
+      if (substr($2, 1, 10) == "(stress-ng") h += f[12] + f[13]
+      if (out != "") { cm = substr($0, index($0, "(") + 1); sub(/\) [^)]*$/, "", cm); gsub(/ /, "_", cm)
+                       print $1, f[2], f[3], f[12] + f[13], f[14] + f[15], cm > out } }
     END { print j + 0, h + 0, int((up[1] + up[n]) / 2), idle + 0 }'
+}
+
+# rest_of_guest BEFORE AFTER SKIP_S [PGRP] : the CPU (s) that processes other
+# than the hogs, the ML job (process group PGRP, if it has its own) and the
+# scheduler's own process ($SPID) used between two snap_ticks FILEs, as
+# "KTHREADS HARNESS OTHER TOP":
+# - KTHREADS: kernel threads (pid 2 and its children);
+# - HARNESS: this script ($$) and its descendants: its own time and what it
+#   reaped (the /proc passes, the commands it runs), less SKIP_S, the ML
+#   job's and the map probe's CPU, which it reaped too;
+# - OTHER: every other process (new ones in full);
+# - TOP: the five largest, as comm=seconds.
+# A process of the first pass gone from the second was the harness's (its
+# time is in what the harness reaped) or is lost: under 0.1 s here.
+rest_of_guest() {
+  awk -v me="$$" -v sp="${SPID:-0}" -v skip="$3" -v g="${4:--}" '
+    FNR == NR { t0[$1] = $4; c0[$1] = $5; next }
+    { par[$1] = $2; pg[$1] = $3; t[$1] = $4; c[$1] = $5; cm[$1] = $6 }
+    END {
+      for (p in t) {
+        if (cm[p] ~ /^stress-ng/ || p == sp || pg[p] == g) continue
+        d = t[p] - t0[p]
+        if (p == me) { ha += d + c[p] - c0[p] - skip * 100; continue }
+        x = p; n = 0
+        while (x in par && x != me && n++ < 16) x = par[x]
+        if (x == me) ha += d
+        else if (p == 2 || par[p] == 2) kt += d
+        else ot += d
+        if (d > 0) top[cm[p]] += d
+      }
+      printf "%.2f %.2f %.2f ", kt / 100, ha / 100, ot / 100
+      for (m = 0; m < 5; m++) {
+        b = ""; for (k in top) if (b == "" || top[k] > top[b]) b = k
+        if (b == "") break
+        printf "%s%s=%.2f", (m ? "," : ""), b, top[b] / 100; delete top[b]
+      }
+      print "" }' "$1" "$2"
 }
 
 # stop_bg PID : SIGINT a background job and reap it.
@@ -352,7 +394,7 @@ hogs_start() {
 hogs_stop() { stop_bg "$HP"; HP=""; }
 
 case_ml() {
-  local s="$1" r="$2" h0 h1 u0 u1 i0 i1 b0 b1 ml_cpu win dp e0 probe want p i
+  local s="$1" r="$2" h0 h1 u0 u1 i0 i1 b0 b1 ml_cpu win dp e0 probe want p i rk rh ro rt
   ML_CHRT=""
   [ "$s" = rt ] && ML_CHRT="chrt -f 10"
   # Alone.
@@ -372,7 +414,7 @@ case_ml() {
   # the window is never overstated.
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf0"
   read -r _ h0 u0 i0 <<EOF
-$(snap_ticks -)
+$(snap_ticks - "$W/procs0")
 EOF
   [ -n "$SPID" ] && b0=$(ticks_of "$SPID")
   e0=$(date +%s)
@@ -392,7 +434,7 @@ EOF
   [ -n "$dp" ] && wait "$dp"   # only that job: the hogs are a background job too
   [ -n "$SPID" ] && b1=$(ticks_of "$SPID")
   read -r _ h1 u1 i1 <<EOF
-$(snap_ticks -)
+$(snap_ticks - "$W/procs1")
 EOF
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf1"
   echo "BENCHWIN sched=$s rep=$r case=ml_con start=$e0 end=$(date +%s)"
@@ -421,6 +463,22 @@ EOF
   result "$s" "$r" ml_con_idle_cpu "$(calc "($i1 - $i0) / 100 / $win")"
   [ -n "$ml_cpu" ] && result "$s" "$r" hogs_share_of_idle \
     "$(calc "(($h1 - $h0) / 100) / ($NCPU * $win - $ml_cpu - $probe / 100)")"
+  if [ -n "$ml_cpu" ]; then
+    # The rest of the guest over the same window. This harness's own work
+    # (its /proc passes and the commands it runs) is the benchmark's, like
+    # the map probe: hogs_share_of_idle_net leaves it out of the CPU the ML
+    # job leaves. Kernel threads and other processes stay counted against
+    # the scheduler (it may cause some of their work), as does its process.
+    read -r rk rh ro rt <<EOF
+$(rest_of_guest "$W/procs0" "$W/procs1" "$(calc "$ml_cpu + $probe / 100")")
+EOF
+    echo "# [$s] the rest of the guest over the window: kernel threads ${rk} s, harness ${rh} s, other ${ro} s; largest: $rt"
+    result "$s" "$r" ml_con_rest_kthreads_s "$rk"
+    result "$s" "$r" ml_con_rest_harness_s "$rh"
+    result "$s" "$r" ml_con_rest_other_s "$ro"
+    result "$s" "$r" hogs_share_of_idle_net \
+      "$(calc "(($h1 - $h0) / 100) / ($NCPU * $win - $ml_cpu - $probe / 100 - $rh)")"
+  fi
   result "$s" "$r" hogs_bogo_ops_per_s \
     "$(awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print $9 }' "$W/hogs.out")"
   if [ -n "$SPID" ]; then
@@ -683,6 +741,12 @@ done
 # rough factor of how much slower a guest CPU-second is than a native one.
 stress-ng --temp-path "$W" --cpu "$NCPU" --cpu-method int64 --timeout "$((SHORT ? 2 : 5))s" --metrics-brief 2>&1 |
   awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print "BENCHMETA calib_guest_ops_per_cpu_s=" $10 }'
+# The same with one vCPU busy, the others idle: under TCG every vCPU is a
+# host thread, and one computes less per second while the others are busy
+# too, whatever the guest's scheduler does (the emulator's own ceiling for a
+# job's "with hogs ÷ alone").
+stress-ng --temp-path "$W" --cpu 1 --cpu-method int64 --timeout "$((SHORT ? 2 : 5))s" --metrics-brief 2>&1 |
+  awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print "BENCHMETA calib_guest_ops_per_cpu_s_one_busy=" $10 }'
 # The daemon's own work (the cost case's), for its emulation factor: see
 # bench/observe-cpu.sh; bench/run.sh measures the same on the host.
 if has_case cost; then
