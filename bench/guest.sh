@@ -138,7 +138,7 @@ ticks_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13
 # bound, a pass in that class stretched over seconds, and a window's clock
 # no longer matched the CPU times it read (2.25 vCPUs of 2).
 # With FILE, the same pass also writes there one line per process: "pid ppid
-# pgrp ticks child_ticks comm" (its own utime+stime; its reaped children's
+# ticks child_ticks comm" (its own utime+stime; its reaped children's
 # cutime+cstime), for rest_of_guest.
 snap_ticks() {
   chrt -f 1 cat /proc/uptime /proc/stat /proc/[0-9]*/stat /proc/uptime 2>/dev/null | awk -v g="$1" -v out="${2:-}" '
@@ -148,29 +148,29 @@ snap_ticks() {
       if (f[3] == g) j += f[12] + f[13]
       if (substr($2, 1, 10) == "(stress-ng") h += f[12] + f[13]
       if (out != "") { cm = substr($0, index($0, "(") + 1); sub(/\) [^)]*$/, "", cm); gsub(/ /, "_", cm)
-                       print $1, f[2], f[3], f[12] + f[13], f[14] + f[15], cm > out } }
+                       print $1, f[2], f[12] + f[13], f[14] + f[15], cm > out } }
     END { print j + 0, h + 0, int((up[1] + up[n]) / 2), idle + 0 }'
 }
 
-# rest_of_guest BEFORE AFTER SKIP_S [PGRP] : the CPU (s) that processes other
-# than the hogs, the ML job (process group PGRP, if it has its own) and the
-# scheduler's own process ($SPID) used between two snap_ticks FILEs, as
-# "KTHREADS HARNESS OTHER TOP":
+# rest_of_guest BEFORE AFTER SKIP_S : the CPU (s) that processes other than
+# the hogs and the scheduler's own process ($SPID) used between two
+# snap_ticks FILEs, as "KTHREADS HARNESS OTHER TOP":
 # - KTHREADS: kernel threads (pid 2 and its children);
 # - HARNESS: this script ($$) and its descendants: its own time and what it
 #   reaped (the /proc passes, the commands it runs), less SKIP_S, the ML
 #   job's and the map probe's CPU, which it reaped too;
 # - OTHER: every other process (new ones in full);
 # - TOP: the five largest, as comm=seconds.
-# A process of the first pass gone from the second was the harness's (its
-# time is in what the harness reaped) or is lost: under 0.1 s here.
+# A process of the first pass gone from the second counts only if the
+# harness reaped it (the first pass's own cat and awk): another one's time
+# in the window is lost (a kernel worker that exited, say).
 rest_of_guest() {
-  awk -v me="$$" -v sp="${SPID:-0}" -v skip="$3" -v g="${4:--}" '
-    FNR == NR { t0[$1] = $4; c0[$1] = $5; next }
-    { par[$1] = $2; pg[$1] = $3; t[$1] = $4; c[$1] = $5; cm[$1] = $6 }
+  awk -v me="$$" -v sp="${SPID:-0}" -v skip="$3" '
+    FNR == NR { t0[$1] = $3; c0[$1] = $4; next }
+    { par[$1] = $2; t[$1] = $3; c[$1] = $4; cm[$1] = $5 }
     END {
       for (p in t) {
-        if (cm[p] ~ /^stress-ng/ || p == sp || pg[p] == g) continue
+        if (cm[p] ~ /^stress-ng/ || p == sp) continue
         d = t[p] - t0[p]
         if (p == me) { ha += d + c[p] - c0[p] - skip * 100; continue }
         x = p; n = 0

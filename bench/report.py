@@ -379,12 +379,20 @@ def judge(kind, bound, x):
     ok = x >= bound if kind == "ge" else x <= bound
     if ok:
         return True, ""
+    gap = abs(x - bound)
+    # A miss the table's three digits would round away: its own digits, and
+    # the measured value with enough of them to differ from the bound.
+    close = fmt(x) == fmt(bound)
+    by = f"{gap:.2g}" if close else fmt(gap)
+    rel = gap / bound * 100
+    rel_text = f"{rel:.2g} %" if rel < 1 else f"{rel:.0f} %"
+    exact = f"; {x:.{max(3, -math.floor(math.log10(gap)))}f} measured" if close and gap > 0 else ""
     if kind == "ge":
-        return False, f"short by {fmt(bound - x)} ({(bound - x) / bound * 100:.0f} % under)"
+        return False, f"short by {by} ({rel_text} under{exact})"
     if x >= 2 * bound:
         times = x / bound
         return False, f"{times:.0f}× the bound" if times >= 10 else f"{times:.1f}× the bound"
-    return False, f"over by {fmt(x - bound)} ({(x - bound) / bound * 100:.0f} % over)"
+    return False, f"over by {by} ({rel_text} over{exact})"
 
 
 def verdict(ok, miss, short):
