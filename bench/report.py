@@ -253,7 +253,6 @@ class Data:
         as a share of what the job left."""
         for s in self.scheds:
             for share, hogs, sched, scale in (
-                    ("hogs_share_of_idle", "hogs_cpu", "sched_cpu_pct_ml_load", 0.01),
                     ("hogs_share_of_idle_net", "hogs_cpu", "sched_cpu_pct_ml_load", 0.01),
                     ("torch_train_hogs_share_of_idle", "torch_train_hogs_cpu", "torch_train_sched_cpu", 1.0)):
                 sh, h, sc = self.get(s, share), self.get(s, hogs), self.get(s, sched)
