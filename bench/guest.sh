@@ -1,6 +1,6 @@
 #!/bin/sh
 # shellcheck shell=dash
-# (runs under busybox ash in the guest: POSIX plus `local`, as dash)
+# (runs in the guest under the host's /bin/sh, dash: bench/run.sh boots it with vmrun --host-root)
 # guest.sh - the guest half of the benchmark (bench/run.sh boots the VM).
 #
 #   sh bench/guest.sh [--short] [--reps N] [--scheds "eevdf zernel ..."]
@@ -152,20 +152,21 @@ snap_ticks() {
     END { print j + 0, h + 0, int((up[1] + up[n]) / 2), idle + 0 }'
 }
 
-# rest_of_guest BEFORE AFTER SKIP_S : the CPU (s) that processes other than
-# the hogs and the scheduler's own process ($SPID) used between two
-# snap_ticks FILEs, as "KTHREADS HARNESS OTHER TOP":
+# rest_of_guest BEFORE AFTER SKIP_S [JOB] : the CPU (s) that processes other
+# than the hogs, the scheduler's own process ($SPID) and the ML job used
+# between two snap_ticks FILEs, as "KTHREADS HARNESS OTHER TOP":
 # - KTHREADS: kernel threads (pid 2 and its children);
 # - HARNESS: this script ($$) and its descendants: its own time and what it
 #   reaped (the /proc passes, the commands it runs), less SKIP_S, the ML
 #   job's and the map probe's CPU, which it reaped too;
 # - OTHER: every other process (new ones in full);
 # - TOP: the five largest, as comm=seconds.
+# JOB: a running ML job's pid; it and its descendants are left out.
 # A process of the first pass gone from the second counts only if the
 # harness reaped it (the first pass's own cat and awk): another one's time
 # in the window is lost (a kernel worker that exited, say).
 rest_of_guest() {
-  awk -v me="$$" -v sp="${SPID:-0}" -v skip="$3" '
+  awk -v me="$$" -v sp="${SPID:-0}" -v skip="$3" -v job="${4:-}" '
     FNR == NR { t0[$1] = $3; c0[$1] = $4; next }
     { par[$1] = $2; t[$1] = $3; c[$1] = $4; cm[$1] = $5 }
     END {
@@ -174,7 +175,8 @@ rest_of_guest() {
         d = t[p] - t0[p]
         if (p == me) { ha += d + c[p] - c0[p] - skip * 100; continue }
         x = p; n = 0
-        while (x in par && x != me && n++ < 16) x = par[x]
+        while (x in par && x != me && x != job && n++ < 16) x = par[x]
+        if (job != "" && x == job) continue
         if (x == me) ha += d
         else if (p == 2 || par[p] == 2) kt += d
         else ot += d
@@ -547,22 +549,23 @@ torch_kill() {
 
 # torch_train_window SCHED REP KIND WARM STEPS : WARM steps, then STEPS
 # steps; KIND iso or con. Steps/s on the job's clock, its CPU and the hogs'
-# from /proc (one pass at each end: snap_ticks).
+# from /proc (one pass at each end: snap_ticks), and with hogs the rest of
+# the guest over the same window (rest_of_guest, as in case_ml).
 torch_train_window() {
-  local s=$1 r=$2 k=$3 n=$5 n0 t0 t1 j0 j1 h0 h1 u0 u1 i0 i1 win e0 b0="" b1=""
+  local s=$1 r=$2 k=$3 n=$5 n0 t0 t1 j0 j1 h0 h1 u0 u1 i0 i1 win e0 b0="" b1="" job rk rh ro rt
   torch_steps
   torch_wait_steps $((TSTEPS + $4)) 900 || { echo "# [$s] torch: $4 warm-up steps not done in 900 s"; return 1; }
   torch_steps
   n0=$TSTEPS
   e0=$(date +%s)
   read -r j0 h0 u0 i0 <<EOF
-$(snap_ticks "$TPG")
+$(snap_ticks "$TPG" "$W/tprocs0")
 EOF
   [ -n "$SPID" ] && b0=$(ticks_of "$SPID")   # inside the window (see case_ml)
   torch_wait_steps $((n0 + n)) 1800 || { echo "# [$s] torch: $n steps not done in 1800 s"; return 1; }
   [ -n "$SPID" ] && b1=$(ticks_of "$SPID")
   read -r j1 h1 u1 i1 <<EOF
-$(snap_ticks "$TPG")
+$(snap_ticks "$TPG" "$W/tprocs1")
 EOF
   echo "BENCHWIN sched=$s rep=$r case=torch_train_$k start=$e0 end=$(date +%s)"
   t0=$(step_time "$n0") t1=$(step_time $((n0 + n)))
@@ -573,6 +576,18 @@ EOF
     result "$s" "$r" torch_train_hogs_cpu "$(calc "($h1 - $h0) / 100 / $win")"
     result "$s" "$r" torch_train_idle_cpu "$(calc "($i1 - $i0) / 100 / $win")"
     result "$s" "$r" torch_train_hogs_share_of_idle "$(calc "(($h1 - $h0) / 100) / ($NCPU * $win - ($j1 - $j0) / 100)")"
+    # The trainer (this script's child, TPG) and its workers are the job.
+    job=$(calc "($j1 - $j0) / 100")
+    read -r rk rh ro rt <<EOF
+$(rest_of_guest "$W/tprocs0" "$W/tprocs1" 0 "$TPG")
+EOF
+    echo "# [$s] the rest of the guest over the training window: kernel threads ${rk} s, harness ${rh} s, other ${ro} s; largest: $rt"
+    result "$s" "$r" torch_train_con_secs "$win"
+    result "$s" "$r" torch_train_rest_kthreads_s "$rk"
+    result "$s" "$r" torch_train_rest_harness_s "$rh"
+    result "$s" "$r" torch_train_rest_other_s "$ro"
+    result "$s" "$r" torch_train_hogs_share_of_idle_net \
+      "$(calc "(($h1 - $h0) / 100) / ($NCPU * $win - $job - $rh)")"
     # The scheduler's own process over the same window (vCPUs).
     [ -n "$b1" ] && result "$s" "$r" torch_train_sched_cpu "$(calc "($b1 - $b0) / 100 / $win")"
   fi
@@ -736,17 +751,21 @@ for s in $SCHEDS; do
   esac
   echo "BENCHMETA version.$s=\"$v\""
 done
-# Calibration: bogo ops per CPU-second of stress-ng's int64 method with every
-# vCPU busy; bench/run.sh measures the same on one host core. The ratio is a
-# rough factor of how much slower a guest CPU-second is than a native one.
-stress-ng --temp-path "$W" --cpu "$NCPU" --cpu-method int64 --timeout "$((SHORT ? 2 : 5))s" --metrics-brief 2>&1 |
-  awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print "BENCHMETA calib_guest_ops_per_cpu_s=" $10 }'
+# calib_ops N KEY : "BENCHMETA KEY=" the bogo ops per CPU-second of
+# stress-ng's int64 method on N busy vCPUs.
+calib_ops() {
+  stress-ng --temp-path "$W" --cpu "$1" --cpu-method int64 --timeout "$((SHORT ? 2 : 5))s" --metrics-brief 2>&1 |
+    awk -v k="$2" '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print "BENCHMETA " k "=" $10 }'
+}
+# Calibration: with every vCPU busy; bench/run.sh measures the same on one
+# host core. The ratio is a rough factor of how much slower a guest
+# CPU-second is than a native one.
+calib_ops "$NCPU" calib_guest_ops_per_cpu_s
 # The same with one vCPU busy, the others idle: under TCG every vCPU is a
 # host thread, and one computes less per second while the others are busy
 # too, whatever the guest's scheduler does (the emulator's own ceiling for a
 # job's "with hogs ÷ alone").
-stress-ng --temp-path "$W" --cpu 1 --cpu-method int64 --timeout "$((SHORT ? 2 : 5))s" --metrics-brief 2>&1 |
-  awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print "BENCHMETA calib_guest_ops_per_cpu_s_one_busy=" $10 }'
+calib_ops 1 calib_guest_ops_per_cpu_s_one_busy
 # The daemon's own work (the cost case's), for its emulation factor: see
 # bench/observe-cpu.sh; bench/run.sh measures the same on the host.
 if has_case cost; then
