@@ -191,6 +191,24 @@ rest_of_guest() {
       print "" }' "$1" "$2"
 }
 
+# rest_share SCHED REP PREFIX SHARE WHERE HOGS_S LEFT_S BEFORE AFTER SKIP_S [JOB] :
+# rest_of_guest over a window (BEFORE AFTER SKIP_S JOB), as a guest log line
+# ("over WHERE") and the results PREFIX_rest_{kthreads,harness,other}_s; then
+# result SHARE, the hogs' share of the CPU the ML job left without the
+# harness's: HOGS_S / (LEFT_S - the harness's CPU), HOGS_S and LEFT_S being
+# calc expressions (the hogs' CPU-s; vCPUs x window less the job's CPU-s).
+rest_share() {
+  local rk rh ro rt
+  read -r rk rh ro rt <<EOF
+$(rest_of_guest "$8" "$9" "${10}" "${11:-}")
+EOF
+  echo "# [$1] the rest of the guest over $5: kernel threads ${rk} s, harness ${rh} s, other ${ro} s; largest: $rt"
+  result "$1" "$2" "${3}_rest_kthreads_s" "$rk"
+  result "$1" "$2" "${3}_rest_harness_s" "$rh"
+  result "$1" "$2" "${3}_rest_other_s" "$ro"
+  result "$1" "$2" "$4" "$(calc "($6) / ($7 - $rh)")"
+}
+
 # stop_bg PID : SIGINT a background job and reap it.
 stop_bg() { kill -INT "$1" 2>/dev/null; wait "$1" 2>/dev/null; }
 
@@ -396,7 +414,7 @@ hogs_start() {
 hogs_stop() { stop_bg "$HP"; HP=""; }
 
 case_ml() {
-  local s="$1" r="$2" h0 h1 u0 u1 i0 i1 b0 b1 ml_cpu win dp e0 probe want p i rk rh ro rt
+  local s="$1" r="$2" h0 h1 u0 u1 i0 i1 b0 b1 ml_cpu win dp e0 probe want p i
   ML_CHRT=""
   [ "$s" = rt ] && ML_CHRT="chrt -f 10"
   # Alone.
@@ -471,15 +489,8 @@ EOF
     # the map probe: hogs_share_of_idle_net leaves it out of the CPU the ML
     # job leaves. Kernel threads and other processes stay counted against
     # the scheduler (it may cause some of their work), as does its process.
-    read -r rk rh ro rt <<EOF
-$(rest_of_guest "$W/procs0" "$W/procs1" "$(calc "$ml_cpu + $probe / 100")")
-EOF
-    echo "# [$s] the rest of the guest over the window: kernel threads ${rk} s, harness ${rh} s, other ${ro} s; largest: $rt"
-    result "$s" "$r" ml_con_rest_kthreads_s "$rk"
-    result "$s" "$r" ml_con_rest_harness_s "$rh"
-    result "$s" "$r" ml_con_rest_other_s "$ro"
-    result "$s" "$r" hogs_share_of_idle_net \
-      "$(calc "(($h1 - $h0) / 100) / ($NCPU * $win - $ml_cpu - $probe / 100 - $rh)")"
+    rest_share "$s" "$r" ml_con hogs_share_of_idle_net "the window" "($h1 - $h0) / 100" \
+      "$NCPU * $win - $ml_cpu - $probe / 100" "$W/procs0" "$W/procs1" "$(calc "$ml_cpu + $probe / 100")"
   fi
   result "$s" "$r" hogs_bogo_ops_per_s \
     "$(awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print $9 }' "$W/hogs.out")"
@@ -552,7 +563,7 @@ torch_kill() {
 # from /proc (one pass at each end: snap_ticks), and with hogs the rest of
 # the guest over the same window (rest_of_guest, as in case_ml).
 torch_train_window() {
-  local s=$1 r=$2 k=$3 n=$5 n0 t0 t1 j0 j1 h0 h1 u0 u1 i0 i1 win e0 b0="" b1="" job rk rh ro rt
+  local s=$1 r=$2 k=$3 n=$5 n0 t0 t1 j0 j1 h0 h1 u0 u1 i0 i1 win e0 b0="" b1=""
   torch_steps
   torch_wait_steps $((TSTEPS + $4)) 900 || { echo "# [$s] torch: $4 warm-up steps not done in 900 s"; return 1; }
   torch_steps
@@ -576,18 +587,10 @@ EOF
     result "$s" "$r" torch_train_hogs_cpu "$(calc "($h1 - $h0) / 100 / $win")"
     result "$s" "$r" torch_train_idle_cpu "$(calc "($i1 - $i0) / 100 / $win")"
     result "$s" "$r" torch_train_hogs_share_of_idle "$(calc "(($h1 - $h0) / 100) / ($NCPU * $win - ($j1 - $j0) / 100)")"
-    # The trainer (this script's child, TPG) and its workers are the job.
-    job=$(calc "($j1 - $j0) / 100")
-    read -r rk rh ro rt <<EOF
-$(rest_of_guest "$W/tprocs0" "$W/tprocs1" 0 "$TPG")
-EOF
-    echo "# [$s] the rest of the guest over the training window: kernel threads ${rk} s, harness ${rh} s, other ${ro} s; largest: $rt"
     result "$s" "$r" torch_train_con_secs "$win"
-    result "$s" "$r" torch_train_rest_kthreads_s "$rk"
-    result "$s" "$r" torch_train_rest_harness_s "$rh"
-    result "$s" "$r" torch_train_rest_other_s "$ro"
-    result "$s" "$r" torch_train_hogs_share_of_idle_net \
-      "$(calc "(($h1 - $h0) / 100) / ($NCPU * $win - $job - $rh)")"
+    # The trainer (this script's child, TPG) and its workers are the job.
+    rest_share "$s" "$r" torch_train torch_train_hogs_share_of_idle_net "the training window" \
+      "($h1 - $h0) / 100" "$NCPU * $win - ($j1 - $j0) / 100" "$W/tprocs0" "$W/tprocs1" 0 "$TPG"
     # The scheduler's own process over the same window (vCPUs).
     [ -n "$b1" ] && result "$s" "$r" torch_train_sched_cpu "$(calc "($b1 - $b0) / 100 / $win")"
   fi
