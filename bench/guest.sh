@@ -502,24 +502,34 @@ EOF
 
 # ---- case 2: real PyTorch ----------------------------------------------------------------
 TPY="" TPG="" SPG="" TSTEPS=0
-# torch_steps : the trainer's finished steps (0 before the first), in TSTEPS.
-# The shell reads the progress file itself, starting no process: the wait
-# loop calls it every 0.2 s inside measurement windows.
+# torch_steps : the trainer's finished steps (0 before the first), in TSTEPS,
+# from its progress file; the shell reads it itself, starting no process.
 torch_steps() {
   TSTEPS=0
   { read -r TSTEPS <"$W/tprog"; } 2>/dev/null
   TSTEPS=${TSTEPS:-0}
 }
 # torch_wait_steps N SECS : wait until the trainer finished N steps, at most
-# SECS. Each poll starts one process, its sleep.
+# SECS. The shell blocks in `read` on fd 4, the named pipe the trainer writes
+# each step's number to (train.py --notify): no polling inside a measurement
+# window. The trainer is the pipe's only writer, so its death ends the read
+# (end of file). A watchdog, one process group per wait, writes "timeout ID"
+# to the pipe after SECS; a line from an earlier wait's watchdog is skipped.
 torch_wait_steps() {
-  local n=$(($2 * 5))
-  while :; do
-    torch_steps
-    [ "$TSTEPS" -ge "$1" ] && return 0
-    [ "$n" -gt 0 ] && alive "$TPG" || return 1
-    sleep 0.2; n=$((n - 1))
+  local wd line rc=1
+  [ "$TSTEPS" -ge "$1" ] && return 0
+  # shellcheck disable=SC2016  # the watchdog's shell expands these, not this one
+  setsid sh -c 'sleep "$1" && echo "timeout $$" >"$2"' wd "$2" "$W/tnote" &
+  wd=$!
+  while read -r line <&4; do
+    case $line in
+      "timeout $wd") break ;;
+      timeout*) ;;
+      *) TSTEPS=$line; [ "$TSTEPS" -ge "$1" ] && { rc=0; break; } ;;
+    esac
   done
+  kill -TERM "-$wd" 2>/dev/null; wait "$wd" 2>/dev/null
+  return "$rc"
 }
 # step_time N : the trainer's clock when step N finished.
 step_time() { awk -v n="$1" '$1 == n { print $2 }' "$W/tsteps"; }
@@ -536,11 +546,14 @@ torch_start() {
   local t0 n=4500
   t0=$(up_cs)
   # Own process groups (setsid): SIGSTOP/SIGCONT reach the DataLoader workers too.
+  # The step pipe: held open for reading and writing (an open that does not
+  # block) until the trainer has opened it, then for reading only (fd 4).
+  rm -f "$W/tnote"; mkfifo "$W/tnote"; exec 3<>"$W/tnote"
   setsid "$TPY" tests/workloads/pytorch/train.py --workers 2 --batch 2 --steps 0 --data-dir "$W/tdata" \
-    --progress "$W/tprog" --step-times "$W/tsteps" --ready "$W/tready" >"$W/train.out" 2>&1 &
+    --progress "$W/tprog" --step-times "$W/tsteps" --ready "$W/tready" --notify "$W/tnote" >"$W/train.out" 2>&1 3>&- &
   TPG=$!
   setsid "$TPY" tests/workloads/pytorch/serve.py --socket "$W/lm.sock" --dim 64 --layers 1 \
-    --ready "$W/lm.ready" >"$W/serve.out" 2>&1 &
+    --ready "$W/lm.ready" >"$W/serve.out" 2>&1 3>&- &
   SPG=$!
   while { ! [ -s "$W/tready" ] || ! [ -s "$W/lm.ready" ]; } && alive "$TPG" && alive "$SPG" && [ $n -gt 0 ]; do
     sleep 0.2; n=$((n - 1))
@@ -550,12 +563,14 @@ torch_start() {
     torch_kill; return 1
   fi
   kill -STOP "-$TPG"
+  exec 4<"$W/tnote" 3>&-
   echo "BENCHMETA torch_version=$("$TPY" -c 'import importlib.metadata as m; print(m.version("torch"))') torch_train_steps=$TORCH_STEPS torch_train_con_steps=$((TORCH_STEPS * 2)) torch_infer_requests=$INFER_REQS torch_start_s=$(calc "($(up_cs) - $t0) / 100")"
 }
 torch_kill() {
   [ -n "$TPG" ] && { kill -CONT "-$TPG"; kill -KILL "-$TPG"; wait "$TPG"; } 2>/dev/null
   [ -n "$SPG" ] && { kill -KILL "-$SPG"; wait "$SPG"; } 2>/dev/null
   TPG="" SPG=""
+  exec 3>&- 4<&-
 }
 
 # torch_train_window SCHED REP KIND WARM STEPS : WARM steps, then STEPS

@@ -16,7 +16,11 @@ after each step; with --step-times FILE a line "STEP SECONDS" (the job's own
 CLOCK_MONOTONIC) is appended there after each step, so that a rate can be
 measured on the job's own clock, however late its reader looks; --steps 0
 trains until killed. --ready FILE is created once
-the first step has finished.
+the first step has finished. With --notify FIFO a line "STEP" is written to
+that named pipe after each step, from the first on, so that a reader can
+block on it instead of polling --progress; the pipe is opened after the
+DataLoader workers have started, so only the trainer holds it and a reader
+sees end of file once the trainer has gone.
 """
 
 import argparse
@@ -100,6 +104,7 @@ def main():
     ap.add_argument("--progress", help="file that holds the number of finished steps")
     ap.add_argument("--step-times", help="file that gets a line 'STEP SECONDS' after each step")
     ap.add_argument("--ready", help="file created after the first step")
+    ap.add_argument("--notify", help="named pipe that gets a line 'STEP' after each step")
     args = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -125,6 +130,7 @@ def main():
     step = 0
     t0 = time.monotonic()
     times = open(args.step_times + suffix, "a", buffering=1) if args.step_times else None
+    notify = None
     while not args.steps or step < args.steps:
         for x, y in loader:
             loss = F.cross_entropy(model(x), y)
@@ -136,6 +142,12 @@ def main():
                 write_atomic(args.progress + suffix, f"{step}\n")
             if times:
                 times.write(f"{step} {time.monotonic():.3f}\n")
+            if args.notify:
+                # Opened here, not before the loop: the workers forked at the
+                # loader's first batch must not hold the pipe.
+                if notify is None:
+                    notify = os.open(args.notify + suffix, os.O_WRONLY)
+                os.write(notify, f"{step}\n".encode())
             if step == 1 and args.ready:
                 write_atomic(args.ready + suffix, f"{os.getpid()}\n")
             if args.steps and step >= args.steps:
