@@ -125,11 +125,11 @@ up_cs() { tr -d . </proc/uptime | cut -d' ' -f1; }
 field() { tr ' ' '\n' <"$2" | sed -n "s/^$1=//p" | tail -n1; }
 # ticks_of PID : utime+stime of a whole process, in clock ticks (1/100 s).
 ticks_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13 }'; }
-# snap_ticks PGRP : "JOB HOGS UP IDLE" from one pass over /proc: the CPU
+# snap_ticks PGRP : "JOB HOGS UP IDLE IRQ" from one pass over /proc: the CPU
 # ticks (utime+stime) of process group PGRP ("-": none) and of the stress-ng
 # processes, the uptime (cs) half-way through that pass (it reads the clock
-# before and after), and the ticks all vCPUs spent idle (/proc/stat's cpu
-# line: idle + iowait). Under TCG one pass takes 0.1-0.5 s: separate
+# before and after), the ticks all vCPUs spent idle (/proc/stat's cpu
+# line: idle + iowait) and those in no task (irq + softirq + steal). Under TCG one pass takes 0.1-0.5 s: separate
 # passes, one per figure, put up to that much CPU time in one figure's
 # window and not in another's. cat, not awk on the glob: a process that
 # exits in between makes cat skip its file, where awk would stop. cat runs
@@ -143,13 +143,13 @@ ticks_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13
 snap_ticks() {
   chrt -f 1 cat /proc/uptime /proc/stat /proc/[0-9]*/stat /proc/uptime 2>/dev/null | awk -v g="$1" -v out="${2:-}" '
     NF == 2 && $1 ~ /^[0-9]+\.[0-9]+$/ { split($1, c, "."); up[++n] = c[1] * 100 + c[2]; next }
-    $1 !~ /^[0-9]+$/ { if ($1 == "cpu") idle = $5 + $6; next }
+    $1 !~ /^[0-9]+$/ { if ($1 == "cpu") { idle = $5 + $6; irq = $7 + $8 + $9 }; next }
     { s = $0; sub(/^.*\) /, "", s); split(s, f, " ")
       if (f[3] == g) j += f[12] + f[13]
       if (substr($2, 1, 10) == "(stress-ng") h += f[12] + f[13]
       if (out != "") { cm = substr($0, index($0, "(") + 1); sub(/\) [^)]*$/, "", cm); gsub(/ /, "_", cm)
                        print $1, f[2], f[12] + f[13], f[14] + f[15], cm > out } }
-    END { print j + 0, h + 0, int((up[1] + up[n]) / 2), idle + 0 }'
+    END { print j + 0, h + 0, int((up[1] + up[n]) / 2), idle + 0, irq + 0 }'
 }
 
 # rest_of_guest BEFORE AFTER SKIP_S [JOB] : the CPU (s) that processes other
@@ -349,6 +349,17 @@ bpf_report() {
   ' "$3" "$4"
 }
 
+# bpf_cpu BEFORE AFTER SECS : the vCPUs that all the scheduler's BPF programs
+# ran between two bpf_snapshot files (run_time_ns) over SECS. Some of that
+# time is charged to the tasks it ran beside (a wakeup's select_cpu to the
+# waker), the rest to no task.
+bpf_cpu() {
+  awk -v before="$1" -v secs="$3" '
+    FILENAME == before { t0[$1] = $4; next }
+    { t += $4 - t0[$1] }
+    END { printf "%.5f\n", t / 1e9 / secs }' "$1" "$2"
+}
+
 # bpf_insns SCHED REP : each BPF program's verified_insns (the instructions
 # the verifier processed, the figure veristat reports), from bpf_snapshot;
 # bpf_symbols must have run.
@@ -414,7 +425,7 @@ hogs_start() {
 hogs_stop() { stop_bg "$HP"; HP=""; }
 
 case_ml() {
-  local s="$1" r="$2" h0 h1 u0 u1 i0 i1 b0 b1 ml_cpu win dp e0 probe want p i
+  local s="$1" r="$2" h0 h1 u0 u1 i0 i1 q0 q1 b0 b1 ml_cpu win dp e0 probe want p i
   ML_CHRT=""
   [ "$s" = rt ] && ML_CHRT="chrt -f 10"
   # Alone.
@@ -433,7 +444,7 @@ case_ml() {
   # /proc passes bound (each pass takes a while under TCG): its CPU over
   # the window is never overstated.
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf0"
-  read -r _ h0 u0 i0 <<EOF
+  read -r _ h0 u0 i0 q0 <<EOF
 $(snap_ticks - "$W/procs0")
 EOF
   [ -n "$SPID" ] && b0=$(ticks_of "$SPID")
@@ -453,7 +464,7 @@ EOF
   train_run "$W/con"
   [ -n "$dp" ] && wait "$dp"   # only that job: the hogs are a background job too
   [ -n "$SPID" ] && b1=$(ticks_of "$SPID")
-  read -r _ h1 u1 i1 <<EOF
+  read -r _ h1 u1 i1 q1 <<EOF
 $(snap_ticks - "$W/procs1")
 EOF
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf1"
@@ -481,6 +492,7 @@ EOF
   [ -n "$dp" ] && result "$s" "$r" ml_con_probe_cpu_s "$(calc "$probe / 100")"
   result "$s" "$r" hogs_cpu "$(calc "($h1 - $h0) / 100 / $win")"
   result "$s" "$r" ml_con_idle_cpu "$(calc "($i1 - $i0) / 100 / $win")"
+  result "$s" "$r" ml_con_irq_cpu "$(calc "($q1 - $q0) / 100 / $win")"
   [ -n "$ml_cpu" ] && result "$s" "$r" hogs_share_of_idle \
     "$(calc "(($h1 - $h0) / 100) / ($NCPU * $win - $ml_cpu - $probe / 100)")"
   if [ -n "$ml_cpu" ]; then
@@ -496,6 +508,7 @@ EOF
     "$(awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print $9 }' "$W/hogs.out")"
   if [ -n "$SPID" ]; then
     bpf_report "$s" "$r" "$W/bpf0" "$W/bpf1" "$win"
+    result "$s" "$r" ml_con_bpf_cpu "$(bpf_cpu "$W/bpf0" "$W/bpf1" "$win")"
     result "$s" "$r" sched_cpu_pct_ml_load "$(calc "($b1 - $b0) / $win")"
   fi
 }
@@ -578,19 +591,19 @@ torch_kill() {
 # from /proc (one pass at each end: snap_ticks), and with hogs the rest of
 # the guest over the same window (rest_of_guest, as in case_ml).
 torch_train_window() {
-  local s=$1 r=$2 k=$3 n=$5 n0 t0 t1 j0 j1 h0 h1 u0 u1 i0 i1 win e0 b0="" b1=""
+  local s=$1 r=$2 k=$3 n=$5 n0 t0 t1 j0 j1 h0 h1 u0 u1 i0 i1 q0 q1 win e0 b0="" b1=""
   torch_steps
   torch_wait_steps $((TSTEPS + $4)) 900 || { echo "# [$s] torch: $4 warm-up steps not done in 900 s"; return 1; }
   torch_steps
   n0=$TSTEPS
   e0=$(date +%s)
-  read -r j0 h0 u0 i0 <<EOF
+  read -r j0 h0 u0 i0 q0 <<EOF
 $(snap_ticks "$TPG" "$W/tprocs0")
 EOF
-  [ -n "$SPID" ] && b0=$(ticks_of "$SPID")   # inside the window (see case_ml)
+  [ -n "$SPID" ] && { bpf_snapshot "$SPID" >"$W/tbpf0"; b0=$(ticks_of "$SPID"); }   # inside the window (see case_ml)
   torch_wait_steps $((n0 + n)) 1800 || { echo "# [$s] torch: $n steps not done in 1800 s"; return 1; }
-  [ -n "$SPID" ] && b1=$(ticks_of "$SPID")
-  read -r j1 h1 u1 i1 <<EOF
+  [ -n "$SPID" ] && { b1=$(ticks_of "$SPID"); bpf_snapshot "$SPID" >"$W/tbpf1"; }
+  read -r j1 h1 u1 i1 q1 <<EOF
 $(snap_ticks "$TPG" "$W/tprocs1")
 EOF
   echo "BENCHWIN sched=$s rep=$r case=torch_train_$k start=$e0 end=$(date +%s)"
@@ -601,6 +614,7 @@ EOF
   if [ "$k" = con ]; then
     result "$s" "$r" torch_train_hogs_cpu "$(calc "($h1 - $h0) / 100 / $win")"
     result "$s" "$r" torch_train_idle_cpu "$(calc "($i1 - $i0) / 100 / $win")"
+    result "$s" "$r" torch_train_irq_cpu "$(calc "($q1 - $q0) / 100 / $win")"
     result "$s" "$r" torch_train_hogs_share_of_idle "$(calc "(($h1 - $h0) / 100) / ($NCPU * $win - ($j1 - $j0) / 100)")"
     result "$s" "$r" torch_train_con_secs "$win"
     # The trainer (this script's child, TPG) and its workers are the job.
@@ -608,20 +622,21 @@ EOF
       "($h1 - $h0) / 100" "$NCPU * $win - ($j1 - $j0) / 100" "$W/tprocs0" "$W/tprocs1" 0 "$TPG"
     # The scheduler's own process over the same window (vCPUs).
     [ -n "$b1" ] && result "$s" "$r" torch_train_sched_cpu "$(calc "($b1 - $b0) / 100 / $win")"
+    [ -n "$b1" ] && result "$s" "$r" torch_train_bpf_cpu "$(bpf_cpu "$W/tbpf0" "$W/tbpf1" "$win")"
   fi
 }
 
 # torch_infer_window SCHED REP KIND : INFER_REQS requests, one after another.
 torch_infer_window() {
   local s=$1 r=$2 k=$3 h0 h1 u0 u1 e0 v
-  read -r _ h0 u0 _ <<EOF
+  read -r _ h0 u0 _ _ <<EOF
 $(snap_ticks -)
 EOF
   e0=$(date +%s)
   rm -f "$W/infer.json"
   "$TPY" tests/workloads/pytorch/client.py --socket "$W/lm.sock" --requests "$INFER_REQS" --tokens 8 --new 2 \
     --out "$W/infer.json" >"$W/client.out" 2>&1 || { echo "# [$s] client failed: $(tail -n1 "$W/client.out")"; return 1; }
-  read -r _ h1 u1 _ <<EOF
+  read -r _ h1 u1 _ _ <<EOF
 $(snap_ticks -)
 EOF
   echo "BENCHWIN sched=$s rep=$r case=torch_infer_$k start=$e0 end=$(date +%s)"
