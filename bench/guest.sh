@@ -541,7 +541,9 @@ torch_wait_steps() {
       *) TSTEPS=$line; [ "$TSTEPS" -ge "$1" ] && { rc=0; break; } ;;
     esac
   done
-  kill -TERM "-$wd" 2>/dev/null; wait "$wd" 2>/dev/null
+  # Its pid too: a watchdog that has not run yet (a fork waits for a CPU) has
+  # no process group of its own, and `wait` would wait out its sleep.
+  kill -TERM "$wd" "-$wd" 2>/dev/null; wait "$wd" 2>/dev/null
   return "$rc"
 }
 # step_time N : the trainer's clock when step N finished.
