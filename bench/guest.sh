@@ -523,14 +523,19 @@ torch_steps() {
   TSTEPS=${TSTEPS:-0}
 }
 # torch_wait_steps N SECS : wait until the trainer finished N steps, at most
-# SECS. The shell blocks in `read` on fd 4, the named pipe the trainer writes
-# each step's number to (train.py --notify): no polling inside a measurement
-# window. The trainer is the pipe's only writer, so its death ends the read
-# (end of file). A watchdog, one process group per wait, writes "timeout ID"
-# to the pipe after SECS; a line from an earlier wait's watchdog is skipped.
+# SECS. The shell writes N to $W/twant and blocks in `read` on fd 4, the named
+# pipe the trainer writes a step's number to once it has passed the step
+# twant names (train.py --notify, --notify-at): no polling inside a
+# measurement window, and one line to read per wait, whatever the number of
+# steps (beside a job its scheduler puts first, the harness gets a CPU at the
+# starvation bound: a line per step fell behind). The trainer is the pipe's
+# only writer, so its death ends the read (end of file). A watchdog, one
+# process group per wait, writes "timeout ID" to the pipe after SECS; lines
+# of an earlier wait (its watchdog's, a step it asked for) are skipped.
 torch_wait_steps() {
   local wd line rc=1
   [ "$TSTEPS" -ge "$1" ] && return 0
+  echo "$1" >"$W/twant"
   # shellcheck disable=SC2016  # the watchdog's shell expands these, not this one
   setsid sh -c 'sleep "$1" && echo "timeout $$" >"$2"' wd "$2" "$W/tnote" &
   wd=$!
@@ -538,7 +543,7 @@ torch_wait_steps() {
     case $line in
       "timeout $wd") break ;;
       timeout*) ;;
-      *) TSTEPS=$line; [ "$TSTEPS" -ge "$1" ] && { rc=0; break; } ;;
+      *) [ "$line" -ge "$1" ] 2>/dev/null && { TSTEPS=$line; rc=0; break; } ;;
     esac
   done
   # Its pid too: a watchdog that has not run yet (a fork waits for a CPU) has
@@ -565,7 +570,8 @@ torch_start() {
   # block) until the trainer has opened it, then for reading only (fd 4).
   rm -f "$W/tnote"; mkfifo "$W/tnote"; exec 3<>"$W/tnote"
   setsid "$TPY" tests/workloads/pytorch/train.py --workers 2 --batch 2 --steps 0 --data-dir "$W/tdata" \
-    --progress "$W/tprog" --step-times "$W/tsteps" --ready "$W/tready" --notify "$W/tnote" >"$W/train.out" 2>&1 3>&- &
+    --progress "$W/tprog" --step-times "$W/tsteps" --ready "$W/tready" \
+    --notify "$W/tnote" --notify-at "$W/twant" >"$W/train.out" 2>&1 3>&- &
   TPG=$!
   setsid "$TPY" tests/workloads/pytorch/serve.py --socket "$W/lm.sock" --dim 64 --layers 1 \
     --ready "$W/lm.ready" >"$W/serve.out" 2>&1 3>&- &

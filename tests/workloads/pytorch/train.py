@@ -17,10 +17,12 @@ CLOCK_MONOTONIC) is appended there after each step, so that a rate can be
 measured on the job's own clock, however late its reader looks; --steps 0
 trains until killed. --ready FILE is created once
 the first step has finished. With --notify FIFO a line "STEP" is written to
-that named pipe after each step, from the first on, so that a reader can
-block on it instead of polling --progress; the pipe is opened after the
-DataLoader workers have started, so only the trainer holds it and a reader
-sees end of file once the trainer has gone.
+that named pipe after each step, so that a reader can block on it instead of
+polling --progress; with --notify-at FILE as well, only once per number that
+FILE holds (read after each step): after the first step at or past it. The
+pipe is opened after the first step, when the DataLoader workers have
+started, so only the trainer holds it and a reader sees end of file once the
+trainer has gone.
 """
 
 import argparse
@@ -93,6 +95,15 @@ def write_atomic(path, text):
     os.replace(path + ".tmp", path)
 
 
+def read_int(path):
+    """The number a file holds; None if it is missing, empty or half-written."""
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", default="/tmp/zernel-train-data")
@@ -105,6 +116,7 @@ def main():
     ap.add_argument("--step-times", help="file that gets a line 'STEP SECONDS' after each step")
     ap.add_argument("--ready", help="file created after the first step")
     ap.add_argument("--notify", help="named pipe that gets a line 'STEP' after each step")
+    ap.add_argument("--notify-at", help="with --notify: file holding the step to write a line at (once per value)")
     args = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -130,7 +142,7 @@ def main():
     step = 0
     t0 = time.monotonic()
     times = open(args.step_times + suffix, "a", buffering=1) if args.step_times else None
-    notify = None
+    notify, notified = None, None
     while not args.steps or step < args.steps:
         for x, y in loader:
             loss = F.cross_entropy(model(x), y)
@@ -147,7 +159,10 @@ def main():
                 # loader's first batch must not hold the pipe.
                 if notify is None:
                     notify = os.open(args.notify + suffix, os.O_WRONLY)
-                os.write(notify, f"{step}\n".encode())
+                want = read_int(args.notify_at + suffix) if args.notify_at else step
+                if want is not None and step >= want and want != notified:
+                    os.write(notify, f"{step}\n".encode())
+                    notified = want
             if step == 1 and args.ready:
                 write_atomic(args.ready + suffix, f"{os.getpid()}\n")
             if args.steps and step >= args.steps:
