@@ -527,11 +527,10 @@ torch_steps() {
 # pipe the trainer writes a step's number to once it has passed the step
 # twant names (train.py --notify, --notify-at): no polling inside a
 # measurement window, and one line to read per wait, whatever the number of
-# steps (beside a job its scheduler puts first, the harness gets a CPU at the
-# starvation bound: a line per step fell behind). The trainer is the pipe's
-# only writer, so its death ends the read (end of file). A watchdog, one
-# process group per wait, writes "timeout ID" to the pipe after SECS; lines
-# of an earlier wait (its watchdog's, a step it asked for) are skipped.
+# steps. The trainer is the pipe's only writer, so its death ends the read
+# (end of file). A watchdog, one process group per wait, writes "timeout ID"
+# to the pipe after SECS; lines of an earlier wait (its watchdog's, a step it
+# asked for) are skipped.
 torch_wait_steps() {
   local wd line rc=1
   [ "$TSTEPS" -ge "$1" ] && return 0
