@@ -128,15 +128,15 @@ ticks_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13
 # snap_ticks PGRP : "JOB HOGS UP IDLE IRQ" from one pass over /proc: the CPU
 # ticks (utime+stime) of process group PGRP ("-": none) and of the stress-ng
 # processes, the uptime (cs) half-way through that pass (it reads the clock
-# before and after), the ticks all vCPUs spent idle (/proc/stat's cpu
-# line: idle + iowait) and those in no task (irq + softirq + steal). Under
-# TCG one pass takes 0.1-0.5 s: separate passes, one per figure, put up to
-# that much CPU time in one figure's window and not in another's. cat, not
-# awk on the glob: a process that exits in between makes cat skip its file,
-# where awk would stop. cat runs SCHED_FIFO (chrt), above EEVDF and every sched_ext scheduler alike: where
-# a scheduler serves the harness's class (normal) only at its starvation
-# bound, a pass in that class stretched over seconds, and a window's clock
-# no longer matched the CPU times it read (2.25 vCPUs of 2).
+# before and after), the ticks all vCPUs spent idle (/proc/stat's cpu line:
+# idle + iowait) and those in no task (irq + softirq + steal). Under TCG one
+# pass takes 0.1-0.5 s: separate passes, one per figure, put up to that much
+# CPU time in one figure's window and not in another's. cat, not awk on the
+# glob: a process that exits in between makes cat skip its file, where awk
+# would stop. cat runs SCHED_FIFO (chrt), above EEVDF and every sched_ext
+# scheduler alike: where a scheduler serves the harness's class (normal) only
+# at its starvation bound, a pass in that class stretched over seconds, and a
+# window's clock no longer matched the CPU times it read (2.25 vCPUs of 2).
 # With FILE, the same pass also writes there one line per process: "pid ppid
 # ticks child_ticks comm" (its own utime+stime; its reaped children's
 # cutime+cstime), for rest_of_guest.
