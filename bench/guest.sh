@@ -350,9 +350,11 @@ bpf_report() {
 }
 
 # bpf_cpu BEFORE AFTER SECS : the vCPUs that all the scheduler's BPF programs
-# ran between two bpf_snapshot files (run_time_ns) over SECS. Some of that
-# time is charged to the tasks it ran beside (a wakeup's select_cpu to the
-# waker), the rest to no task.
+# ran between two bpf_snapshot files (run_time_ns) over SECS, the time from
+# the first snapshot's start to the second's end (the snapshots lie outside
+# the window the /proc passes bound, which a slow pass would make shorter
+# than the snapshots' span). Some of that time is charged to the tasks it
+# ran beside (a wakeup's select_cpu to the waker), the rest to no task.
 bpf_cpu() {
   awk -v before="$1" -v secs="$3" '
     FILENAME == before { t0[$1] = $4; next }
@@ -425,7 +427,7 @@ hogs_start() {
 hogs_stop() { stop_bg "$HP"; HP=""; }
 
 case_ml() {
-  local s="$1" r="$2" h0 h1 u0 u1 i0 i1 q0 q1 b0 b1 ml_cpu win dp e0 probe want p i
+  local s="$1" r="$2" h0 h1 u0 u1 i0 i1 q0 q1 b0 b1 ml_cpu win dp e0 probe want p i bt0 bt1
   ML_CHRT=""
   [ "$s" = rt ] && ML_CHRT="chrt -f 10"
   # Alone.
@@ -443,6 +445,7 @@ case_ml() {
   # The scheduler process's ticks are read inside the window that the two
   # /proc passes bound (each pass takes a while under TCG): its CPU over
   # the window is never overstated.
+  read -r bt0 _ </proc/uptime
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf0"
   read -r _ h0 u0 i0 q0 <<EOF
 $(snap_ticks - "$W/procs0")
@@ -468,6 +471,7 @@ EOF
 $(snap_ticks - "$W/procs1")
 EOF
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/bpf1"
+  read -r bt1 _ </proc/uptime
   echo "BENCHWIN sched=$s rep=$r case=ml_con start=$e0 end=$(date +%s)"
   hogs_stop
   # The policy the trainer and each of its workers ran at (its own report,
@@ -507,8 +511,8 @@ EOF
   result "$s" "$r" hogs_bogo_ops_per_s \
     "$(awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print $9 }' "$W/hogs.out")"
   if [ -n "$SPID" ]; then
-    bpf_report "$s" "$r" "$W/bpf0" "$W/bpf1" "$win"
-    result "$s" "$r" ml_con_bpf_cpu "$(bpf_cpu "$W/bpf0" "$W/bpf1" "$win")"
+    bpf_report "$s" "$r" "$W/bpf0" "$W/bpf1" "$(calc "$bt1 - $bt0")"
+    result "$s" "$r" ml_con_bpf_cpu "$(bpf_cpu "$W/bpf0" "$W/bpf1" "$(calc "$bt1 - $bt0")")"
     result "$s" "$r" sched_cpu_pct_ml_load "$(calc "($b1 - $b0) / $win")"
   fi
 }
@@ -598,15 +602,16 @@ torch_kill() {
 # from /proc (one pass at each end: snap_ticks), and with hogs the rest of
 # the guest over the same window (rest_of_guest, as in case_ml).
 torch_train_window() {
-  local s=$1 r=$2 k=$3 n=$5 n0 t0 t1 j0 j1 h0 h1 u0 u1 i0 i1 q0 q1 win e0 b0="" b1=""
+  local s=$1 r=$2 k=$3 n=$5 n0 t0 t1 j0 j1 h0 h1 u0 u1 i0 i1 q0 q1 win e0 b0="" b1="" bt0 bt1
   torch_steps
   torch_wait_steps $((TSTEPS + $4)) 900 || { echo "# [$s] torch: $4 warm-up steps not done in 900 s"; return 1; }
   torch_steps
   n0=$TSTEPS
   # The BPF programs' run times are read outside the window, as in case_ml:
-  # with these passes over the scheduler's fds inside it (the harness runs
-  # in the normal class, which scx_zernel serves after the training's),
-  # scx_zernel's training windows ran 76-83 s for steps that took 4-11 s.
+  # the harness runs in the normal class, which scx_zernel serves after the
+  # training's, and with these passes over the scheduler's fds inside it
+  # scx_zernel's training windows ran 76-83 s for 30 steps; outside, 11 s.
+  read -r bt0 _ </proc/uptime
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/tbpf0"
   e0=$(date +%s)
   read -r j0 h0 u0 i0 q0 <<EOF
@@ -619,6 +624,7 @@ EOF
 $(snap_ticks "$TPG" "$W/tprocs1")
 EOF
   [ -n "$SPID" ] && bpf_snapshot "$SPID" >"$W/tbpf1"
+  read -r bt1 _ </proc/uptime
   echo "BENCHWIN sched=$s rep=$r case=torch_train_$k start=$e0 end=$(date +%s)"
   t0=$(step_time "$n0") t1=$(step_time $((n0 + n)))
   win=$(calc "($u1 - $u0) / 100")
@@ -635,7 +641,7 @@ EOF
       "($h1 - $h0) / 100" "$NCPU * $win - ($j1 - $j0) / 100" "$W/tprocs0" "$W/tprocs1" 0 "$TPG"
     # The scheduler's own process over the same window (vCPUs).
     [ -n "$b1" ] && result "$s" "$r" torch_train_sched_cpu "$(calc "($b1 - $b0) / 100 / $win")"
-    [ -n "$b1" ] && result "$s" "$r" torch_train_bpf_cpu "$(bpf_cpu "$W/tbpf0" "$W/tbpf1" "$win")"
+    [ -n "$b1" ] && result "$s" "$r" torch_train_bpf_cpu "$(bpf_cpu "$W/tbpf0" "$W/tbpf1" "$(calc "$bt1 - $bt0")")"
   fi
 }
 
