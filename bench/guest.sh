@@ -427,7 +427,7 @@ hogs_start() {
 hogs_stop() { stop_bg "$HP"; HP=""; }
 
 case_ml() {
-  local s="$1" r="$2" h0 h1 u0 u1 i0 i1 q0 q1 b0 b1 ml_cpu win dp e0 probe want p i bt0 bt1
+  local s="$1" r="$2" h0 h1 u0 u1 i0 i1 q0 q1 b0 b1 ml_cpu win dp e0 probe want p i bt0 bt1 bspan
   ML_CHRT=""
   [ "$s" = rt ] && ML_CHRT="chrt -f 10"
   # Alone.
@@ -511,8 +511,9 @@ EOF
   result "$s" "$r" hogs_bogo_ops_per_s \
     "$(awk '$4 == "cpu" && $5 ~ /^[0-9]+$/ { print $9 }' "$W/hogs.out")"
   if [ -n "$SPID" ]; then
-    bpf_report "$s" "$r" "$W/bpf0" "$W/bpf1" "$(calc "$bt1 - $bt0")"
-    result "$s" "$r" ml_con_bpf_cpu "$(bpf_cpu "$W/bpf0" "$W/bpf1" "$(calc "$bt1 - $bt0")")"
+    bspan=$(calc "$bt1 - $bt0")
+    bpf_report "$s" "$r" "$W/bpf0" "$W/bpf1" "$bspan"
+    result "$s" "$r" ml_con_bpf_cpu "$(bpf_cpu "$W/bpf0" "$W/bpf1" "$bspan")"
     result "$s" "$r" sched_cpu_pct_ml_load "$(calc "($b1 - $b0) / $win")"
   fi
 }
