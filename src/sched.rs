@@ -188,6 +188,8 @@ pub(crate) const GLOBAL_STAT_NAMES: [&str; bpf_intf::zernel_global_stat_ZGSTAT_N
     "event_lost",
     "wake_afield",
     "wake_afield_far",
+    "interactive",
+    "interactive_ns",
 ];
 
 impl Counters {

@@ -110,6 +110,12 @@ pub struct Metrics {
     pub wake_afield: u64,
     #[stat(desc = "Of those, a CPU off the node of the wakee's queue, where none would do")]
     pub wake_afield_far: u64,
+    #[stat(
+        desc = "Interactive wakeups (normal class, short bursts; or a new task's first run) that took an ml hog's CPU, within the interactive budget"
+    )]
+    pub interactive: u64,
+    #[stat(desc = "CPU time those interactive wakeups used, microseconds")]
+    pub interactive_us: u64,
     #[stat(desc = "Lookups (wakeups, enqueues, kept slice ends) that found no decision (default class)")]
     pub map_misses: u64,
     #[stat(desc = "Lookups that found another task's entry (TID recycled): ignored")]
@@ -220,6 +226,8 @@ impl Metrics {
         self.steals = c.global[i::zernel_global_stat_ZGSTAT_STEAL as usize];
         self.wake_afield = c.global[i::zernel_global_stat_ZGSTAT_WAKE_AFIELD as usize];
         self.wake_afield_far = c.global[i::zernel_global_stat_ZGSTAT_WAKE_AFIELD_FAR as usize];
+        self.interactive = c.global[i::zernel_global_stat_ZGSTAT_INTERACTIVE as usize];
+        self.interactive_us = c.global[i::zernel_global_stat_ZGSTAT_INTERACTIVE_NS as usize] / 1000;
         self.map_misses = c.global[i::zernel_global_stat_ZGSTAT_MAP_MISS as usize];
         self.map_stale = c.global[i::zernel_global_stat_ZGSTAT_MAP_STALE as usize];
         self.inherited = c.global[i::zernel_global_stat_ZGSTAT_INHERITED as usize];
@@ -253,6 +261,8 @@ impl Metrics {
             steals: d(self.steals, prev.steals),
             wake_afield: d(self.wake_afield, prev.wake_afield),
             wake_afield_far: d(self.wake_afield_far, prev.wake_afield_far),
+            interactive: d(self.interactive, prev.interactive),
+            interactive_us: d(self.interactive_us, prev.interactive_us),
             map_misses: d(self.map_misses, prev.map_misses),
             map_stale: d(self.map_stale, prev.map_stale),
             inherited: d(self.inherited, prev.inherited),
@@ -279,7 +289,7 @@ impl Metrics {
     pub fn format<W: Write>(&self, w: &mut W) -> Result<()> {
         writeln!(
             w,
-            "[zernel] enq lat/ml/nrm/bat {}/{}/{}/{} disp {}/{}/{}/{} | direct {} kept {} preempt {} wake-preempt {} (afield {} far {}) starved {} steal {} | \
+            "[zernel] enq lat/ml/nrm/bat {}/{}/{}/{} disp {}/{}/{}/{} | direct {} kept {} preempt {} wake-preempt {} (afield {} far {}) interactive {} starved {} steal {} | \
              map {}/{} miss {} stale {} written {} full {} | inherited {} hit {} end {}",
             self.latency_enqueued,
             self.ml_enqueued,
@@ -295,6 +305,7 @@ impl Metrics {
             self.wake_preempted,
             self.wake_afield,
             self.wake_afield_far,
+            self.interactive,
             self.starved,
             self.steals,
             self.map_entries,

@@ -31,6 +31,12 @@ enum zernel_consts {
 	ZERNEL_SLICE_US_ML = 4000,
 	ZERNEL_SLICE_US_NORMAL = 3000,
 	ZERNEL_SLICE_US_BATCH = 8000,
+	/*
+	 * Interactive wakeups (normal class, short bursts) may cut an ml hog
+	 * short while the CPU time they use that way stays under this percent
+	 * of all CPUs' time, counted over windows of the starvation bound.
+	 */
+	ZERNEL_INTERACTIVE_PCT = 10,
 };
 
 /*
@@ -125,6 +131,10 @@ enum zernel_global_stat {
 	ZGSTAT_WAKE_AFIELD,
 	ZGSTAT_WAKE_AFIELD_FAR, /* ... of those, a CPU off the node of the
 				 * wakee's queue (none on it would do) */
+	ZGSTAT_INTERACTIVE,	/* interactive wakeups (and first runs of new
+				 * tasks) of the normal class that took an ml
+				 * hog's CPU, within ZERNEL_INTERACTIVE_PCT */
+	ZGSTAT_INTERACTIVE_NS,	/* ... the CPU time they used that way, ns */
 	ZGSTAT_NR,
 };
 

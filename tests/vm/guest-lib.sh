@@ -182,9 +182,10 @@ zcounter_sum() {
   scx_zernel inspect 2>/dev/null | awk -v s="$1" '$1 == "counter" && $3 == s { n++; sum += $4 }
     END { if (n == 4) print sum }'
 }
-# zglobal NAME : e.g. `zglobal map_hit`.
+# zglobal NAME [SNAP] : e.g. `zglobal map_hit`; with SNAP, read from it (as zcounter).
 zglobal() {
-  scx_zernel inspect 2>/dev/null | awk -v n="$1" '$1 == "global" && $2 == n { print $3 }'
+  if [ $# -ge 2 ]; then printf '%s\n' "$2"; else scx_zernel inspect 2>/dev/null; fi |
+    awk -v n="$1" '$1 == "global" && $2 == n { print $3 }'
 }
 # ztask_is TID FIELD VALUE : the kernel's entry for TID has FIELD = VALUE.
 ztask_is() { [ "$(ztask "$1" "$2")" = "$3" ]; }
@@ -320,6 +321,8 @@ sched_sum() {
   for p in "$@"; do cat /proc/"$p"/task/*/schedstat 2>/dev/null; done |
     awk '{ r += $1; w += $2; n += $3 } END { printf "%.0f %.0f %.0f\n", r, w, n }'
 }
+# field "A B C" N : field N (1-based) of a sched_sum (or any spaced) line.
+field() { echo "$1" | cut -d' ' -f"$2"; }
 # stat_of PID FIELD : field FIELD of /proc/PID/stat, numbered as in proc(5)
 # (3 = state, 19 = nice, 39 = processor, 41 = policy). PID may be PID/task/TID.
 stat_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f$(($2 - 2)); }

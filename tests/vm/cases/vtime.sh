@@ -35,8 +35,6 @@ children() {
     /proc/[0-9]*/stat 2>/dev/null
 }
 nchildren() { [ "$(children "$1" | wc -l)" -ge "$2" ]; }
-# field N of "A B C" (1-based)
-field() { echo "$1" | cut -d' ' -f"$2"; }
 
 # ---- 1. sleeper credit -------------------------------------------------------
 stress-ng --cpu 6 --timeout 300s --quiet --temp-path /tmp &
