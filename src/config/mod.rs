@@ -110,8 +110,9 @@ pub struct SchedulerConfig {
     /// takes a CPU hog's). A normal thread that sleeps within a starvation
     /// bound of waking (a shell, a monitoring agent, a fork-and-exec chain)
     /// takes an ml hog's CPU at a wakeup, at its first run and at the slice
-    /// ends of a run it got that way, while the CPU time used so uses under
-    /// 10 % of all CPUs' time (counters `interactive`, `interactive_us`).
+    /// ends of a run it got that way, while the CPU time such threads use
+    /// that way stays under 10 % of all CPUs' time (counters `interactive`,
+    /// `interactive_us`).
     /// 0 = never: a wakeup waits for a slice to end.
     pub wakeup_preempt_us: u64,
     /// Capacity of the per-thread decision map. When it is full, further
