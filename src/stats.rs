@@ -111,7 +111,7 @@ pub struct Metrics {
     #[stat(desc = "Of those, a CPU off the node of the wakee's queue, where none would do")]
     pub wake_afield_far: u64,
     #[stat(
-        desc = "Interactive wakeups (normal class, short bursts; or a new task's first run) that took an ml hog's CPU, within the interactive budget"
+        desc = "Interactive runs (normal class, sleeping within a starvation bound of waking: at a wakeup, a new task's first run, or a slice end of such a run) that took an ml hog's CPU, within the interactive budget"
     )]
     pub interactive: u64,
     #[stat(desc = "CPU time those interactive wakeups used, microseconds")]

@@ -131,9 +131,9 @@ enum zernel_global_stat {
 	ZGSTAT_WAKE_AFIELD,
 	ZGSTAT_WAKE_AFIELD_FAR, /* ... of those, a CPU off the node of the
 				 * wakee's queue (none on it would do) */
-	ZGSTAT_INTERACTIVE,	/* interactive wakeups (and first runs of new
-				 * tasks) of the normal class that took an ml
-				 * hog's CPU, within ZERNEL_INTERACTIVE_PCT */
+	ZGSTAT_INTERACTIVE,	/* normal-class wakeups, first runs of new
+				 * tasks and slice ends of such runs that took
+				 * an ml hog's CPU, within ZERNEL_INTERACTIVE_PCT */
 	ZGSTAT_INTERACTIVE_NS,	/* ... the CPU time they used that way, ns */
 	ZGSTAT_NR,
 };

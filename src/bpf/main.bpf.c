@@ -186,8 +186,8 @@ u64 next_starve_scan;
 
 /*
  * The interactive budget (see interactive_victim()): the CPU time
- * interactive wakeups used since the current window began, less what the
- * windows before it allowed.
+ * interactive runs used since the current window began, plus what earlier
+ * windows used beyond their allowance.
  */
 u64 interactive_window_at;
 u64 interactive_used_ns;
